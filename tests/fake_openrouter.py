@@ -1,0 +1,142 @@
+"""A fake OpenRouter on 127.0.0.1 for end-to-end tests and benchmarks.
+
+A test hands it a `model`: a function from the parsed request body to what to answer: a response dict
+(sent as JSON 200), a `Raw(status, body, headers)`, or `DROP` to close the connection unanswered. The
+server checks what the real proxy checks (path, model family, auth header), validates every body
+against OpenAI's published request schema, and records every request.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "shared" / "schemas" / "chat-completions-request.schema.json"
+DROP = object()
+
+
+@dataclass
+class Raw:
+    """An exact HTTP answer."""
+
+    status: int
+    body: Any = ""
+    headers: dict = field(default_factory=dict)
+
+
+def call(name: str, args: Any = None, id: str | None = None) -> dict:
+    """A tool call as a model sends it; dict arguments are JSON-encoded, strings sent as they are."""
+    arguments = args if isinstance(args, str) else json.dumps(args or {})
+    return {"id": id or f"call_{uuid.uuid4().hex[:10]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def reply(content: str | None = None, tool_calls: list | None = None, finish_reason: str | None = None,
+          usage: dict | None = None, **message: Any) -> dict:
+    """A chat.completion response body like OpenRouter's."""
+    msg = {"role": "assistant", "content": content, **message}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return {
+        "id": f"gen-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
+        "model": "anthropic/claude-4.5-haiku-20251001", "provider": "Anthropic",
+        "choices": [{"index": 0, "message": msg, "finish_reason": finish_reason or ("tool_calls" if tool_calls else "stop"),
+                     "native_finish_reason": "end_turn"}],
+        "usage": usage or {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110, "cost": 0.001,
+                           "prompt_tokens_details": {"cached_tokens": 50, "cache_write_tokens": 20}},
+    }
+
+
+def load_validator():
+    """A Draft 2020-12 validator for request bodies, or None when jsonschema or the schema is missing."""
+    try:
+        import jsonschema
+    except ImportError:
+        return None
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+class FakeOpenRouter:
+    """The server; use as a context manager, read `.url`, `.bodies`, `.raw`, `.headers`, `.problems`."""
+
+    def __init__(self, model: Callable[[dict], Any], *, validate: bool = True):
+        self.model = model
+        self.bodies: list[dict] = []
+        self.raw: list[bytes] = []
+        self.headers: list[dict] = []
+        self.times: list[float] = []
+        self.problems: list[str] = []
+        self.validator = load_validator() if validate else None
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/api/v1"
+
+    def __enter__(self) -> "FakeOpenRouter":
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def answer(self, path: str, headers: dict, raw: bytes) -> Any:
+        """What to send for one request."""
+        if path != "/api/v1/chat/completions":
+            self.problems.append(f"wrong path {path}")
+            return Raw(404, {"error": {"code": 404, "message": "Not Found"}})
+        if not headers.get("Authorization", "").startswith("Bearer "):
+            return Raw(401, {"error": {"code": 401, "message": "No auth credentials found"}})
+        body = json.loads(raw)
+        with self.lock:
+            self.bodies.append(body)
+            self.raw.append(raw)
+            self.headers.append(headers)
+            self.times.append(time.monotonic())
+        if self.validator:
+            for error in self.validator.iter_errors(body):
+                self.problems.append(f"schema: {error.message[:200]} at {list(error.absolute_path)}")
+        if not str(body.get("model", "")).startswith("anthropic/claude-haiku"):
+            return Raw(400, {"error": {"code": 400, "message": f"{body.get('model')} is not a valid model ID"}})
+        return self.model(body)
+
+    def handler(self) -> type:
+        """The request handler class bound to this server."""
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    result = server.answer(self.path, dict(self.headers), raw)
+                except Exception as error:  # a broken script shows up as a 500 and a problem
+                    server.problems.append(f"model script raised {error!r}")
+                    result = Raw(500, {"error": {"code": 500, "message": repr(error)}})
+                if result is DROP:
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                if not isinstance(result, Raw):
+                    result = Raw(200, result)
+                data = result.body if isinstance(result.body, (bytes, str)) else json.dumps(result.body)
+                data = data.encode() if isinstance(data, str) else data
+                self.send_response(result.status)
+                headers = {"Content-Type": "application/json", **result.headers}
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
