@@ -1218,7 +1218,10 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
 
 def final_answer(message: dict, finish: Any, emit: Callable[[dict], None]) -> str:
     """The text of a reply without tool calls; a filtered reply is an error, a cut one a warning."""
-    text = message.get("content") if isinstance(message.get("content"), str) else ""
+    content = message.get("content")
+    if isinstance(content, list):  # some providers send content parts
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    text = content if isinstance(content, str) else ""
     if finish == "content_filter":
         raise ApiError("the provider's content filter stopped the reply" + (f": {one_line(text, 100)}" if text else ""))
     if finish == "length":

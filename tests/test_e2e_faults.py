@@ -1,0 +1,114 @@
+"""End to end against a misbehaving API, limits, and signals: what a fault-injection suite would do."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from tests.conftest import PROGRAM
+from tests.fake_openrouter import DROP, Raw, call, reply
+
+
+def sequence(*answers):
+    """A model script that gives these answers in turn, then repeats the last."""
+    state = {"n": 0}
+
+    def model(body):
+        state["n"] += 1
+        return answers[min(state["n"], len(answers)) - 1]
+
+    return model
+
+
+def test_429_with_retry_after_then_success(serve, run, workspace):
+    server = serve(sequence(Raw(429, {"error": {"code": 429, "message": "Rate limited"}}, {"Retry-After": "1"}),
+                            reply("after the wait")))
+    result = run(["-p", "x"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, "after the wait\n")
+    assert server.times[1] - server.times[0] >= 0.9
+    assert "retrying in 1.0 s (attempt 2/6): HTTP 429: Rate limited" in result.stderr
+
+
+def test_dropped_connection_then_success(serve, run, workspace):
+    server = serve(sequence(DROP, reply("back again")))
+    result = run(["-p", "x"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, "back again\n") and len(server.bodies) == 2
+    assert "retrying in" in result.stderr
+
+
+def test_401_fails_at_once_with_a_hint(serve, run, workspace):
+    server = serve(sequence(Raw(401, {"error": {"code": 401, "message": "User not found."}})))
+    result = run(["-p", "x"], cwd=workspace, base_url=server.url)
+    assert result.code == 1 and result.stdout == "" and len(server.bodies) == 1
+    assert result.stderr.strip() == "solo: HTTP 401: User not found. (check OPENROUTER_API_KEY)"
+
+
+def test_200_with_an_error_body_is_retried(serve, run, workspace):
+    server = serve(sequence({"error": {"code": 502, "message": "Provider returned error"}}, reply("ok")))
+    result = run(["-p", "x"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, "ok\n") and len(server.bodies) == 2
+
+
+def test_unreachable_api_gives_up_with_one_line(run, workspace):
+    result = run(["-p", "x"], cwd=workspace, base_url="http://127.0.0.1:9/api/v1",
+                 env={"SOLO_MAX_ATTEMPTS": "1"})
+    assert result.code == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("solo: could not reach http://127.0.0.1:9/api/v1/chat/completions")
+
+
+def test_max_turns_stops_with_exit_3(serve, run, workspace):
+    server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": "echo again"})]))
+    result = run(["-p", "loop forever", "--max-turns", "3"], cwd=workspace, base_url=server.url)
+    assert result.code == 3 and result.stdout == "" and len(server.bodies) == 3
+    assert "--max-turns limit was reached after 3 turns" in result.stderr
+
+
+def test_max_cost_stops_with_exit_3(serve, run, workspace):
+    server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": "true"})],
+                                      usage={"prompt_tokens": 5, "completion_tokens": 5, "cost": 0.02}))
+    result = run(["-p", "spend", "--max-cost", "0.05"], cwd=workspace, base_url=server.url)
+    assert result.code == 3 and len(server.bodies) == 3 and "--max-cost" in result.stderr
+
+
+def start_long_command(serve, workspace):
+    """The program running a 60 s command; returns (process, path of the command's pid file)."""
+    pid_file = workspace / "pid"
+    server = serve(sequence(reply(tool_calls=[call("Bash", {"command": f"echo $$ > {pid_file}; sleep 60"})]),
+                            reply("never")))
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
+    proc = subprocess.Popen([str(PROGRAM), "-p", "run it"], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc, int(pid_file.read_text())
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] == "Z"
+
+
+def test_sigint_during_a_long_command_kills_it_and_exits_130(serve, workspace):
+    proc, command_pid = start_long_command(serve, workspace)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 130 and stdout == ""
+    assert stderr.strip().endswith("solo: interrupted") and "Traceback" not in stderr
+    time.sleep(0.2)
+    assert process_gone(command_pid)
+
+
+def test_sigterm_exits_143(serve, workspace):
+    proc, command_pid = start_long_command(serve, workspace)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 143 and "Traceback" not in stderr
+    time.sleep(0.2)
+    assert process_gone(command_pid)
