@@ -491,6 +491,7 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
         notes.append(f"[timed out after {timeout} ms; the command and its children were killed]")
     except BaseException:  # Ctrl-C or SIGTERM: take the command down with us
         kill_group(proc.pid)
+        proc.wait()
         raise
     reader.join(BACKGROUND_GRACE)
     if group_alive(proc.pid):
@@ -1239,7 +1240,7 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
         choice = first_choice(response)
         message = assistant_message(choice["message"], turn, seen_ids)
         messages.append(message)
-        emit({"type": "assistant", "message": message})
+        emit({"type": "assistant", "message": message, "usage": response.get("usage")})
         if not message.get("tool_calls"):
             return Outcome(final_answer(message, choice.get("finish_reason"), emit), turns=turn)
         run_calls(message, tools, ctx, messages, emit, cut=choice.get("finish_reason") == "length")
@@ -1402,6 +1403,11 @@ class Streams:
     stderr: Any
 
 
+def redact(text: str, secret: str) -> str:
+    """Text with the API key masked (a key too short to be real would mangle ordinary words)."""
+    return text.replace(secret, "***") if len(secret) >= 8 else text
+
+
 def tool_line(event: dict) -> str:
     """One line for a finished tool call: tool, short arguments, ok or error, size, time."""
     status = "error" if event["is_error"] else "ok"
@@ -1423,7 +1429,7 @@ class Reporter:
     def say(self, text: str) -> None:
         """A line on stderr."""
         self.stop_spinner()
-        print(f"solo: {text}", file=self.streams.stderr, flush=True)
+        print(f"solo: {redact(text, self.cfg.api_key)}", file=self.streams.stderr, flush=True)
 
     def __call__(self, event: dict) -> None:
         """Take one event from the agent."""
@@ -1628,7 +1634,7 @@ def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, st
     debug = env.get("SOLO_DEBUG", "") not in ("", "0")
     api_key = env.get("OPENROUTER_API_KEY", "").strip()
     def fail(message: str, code: int) -> int:
-        print(f"solo: {message.replace(api_key, '***') if api_key else message}", file=streams.stderr, flush=True)
+        print(f"solo: {redact(message, api_key)}", file=streams.stderr, flush=True)
         return code
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)

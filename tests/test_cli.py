@@ -1,0 +1,161 @@
+"""The command line: output formats, verbose trace, prompt sources, tool choice, trace file, usage errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from app import main as agent
+from tests.fake_openrouter import call, reply
+
+
+def tool_then_answer(body):
+    """Run `echo hi` once, then answer with the user's message."""
+    if body["messages"][-1]["role"] == "user":
+        return reply(tool_calls=[call("Bash", {"command": "echo hi"}, id="c1")])
+    return reply("answer: " + body["messages"][1]["content"])
+
+
+def test_json_output_is_one_result_object(serve, run, workspace):
+    server = serve(tool_then_answer)
+    result = run(["-p", "q", "--output-format", "json"], cwd=workspace, base_url=server.url)
+    assert result.code == 0
+    obj = json.loads(result.stdout)
+    assert obj["type"] == "result" and obj["subtype"] == "success" and obj["is_error"] is False
+    assert obj["result"] == "answer: q" and obj["num_turns"] == 2 and obj["total_cost_usd"] == pytest.approx(0.002)
+    assert obj["duration_ms"] >= 0 and obj["usage"]["input_tokens"] == 200
+    assert obj["usage"]["cache_read_input_tokens"] == 100 and obj["usage"]["cache_creation_input_tokens"] == 40
+
+
+def test_json_output_for_a_failure_is_a_result_object_too(serve, run, workspace):
+    server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": "true"})]))
+    result = run(["-p", "q", "--output-format", "json", "--max-turns", "2"], cwd=workspace, base_url=server.url)
+    obj = json.loads(result.stdout)
+    assert result.code == 3 and obj["subtype"] == "error_max_turns" and obj["is_error"] is True
+    assert "--max-turns" in obj["result"]
+
+
+def test_stream_json_emits_events_then_the_result(serve, run, workspace):
+    server = serve(tool_then_answer)
+    result = run(["-p", "q", "--output-format", "stream-json"], cwd=workspace, base_url=server.url)
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["type"] for e in events] == ["assistant", "tool_call", "tool_result", "assistant", "result"]
+    assert events[2]["content"] == "hi\n[exit code 0]" and events[-1]["result"] == "answer: q"
+
+
+def test_verbose_traces_on_stderr_and_keeps_stdout_clean(serve, run, workspace):
+    server = serve(tool_then_answer)
+    result = run(["-p", "q", "-v"], cwd=workspace, base_url=server.url)
+    assert result.stdout == "answer: q\n"
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith('solo: Bash({"command": "echo hi"}) -> ok, 16 chars, ')
+    assert lines[-1].startswith("solo: done: 2 turns, 2 requests, 200 prompt tokens (100 cached")
+
+
+def piped(server, workspace, args, text):
+    """Run the program with `text` piped to its stdin."""
+    import os
+    from tests.conftest import PROGRAM
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
+    return subprocess.run([str(PROGRAM), *args], input=text, capture_output=True, text=True, cwd=workspace, env=env)
+
+
+def test_prompt_from_piped_stdin(serve, workspace):
+    server = serve(lambda body: reply("got it"))
+    proc = piped(server, workspace, [], "explain this\n")
+    assert proc.returncode == 0 and proc.stdout == "got it\n"
+    assert server.bodies[-1]["messages"][1]["content"] == "explain this"
+
+
+def test_piped_stdin_is_added_to_a_p_prompt(serve, workspace):
+    server = serve(lambda body: reply("ok"))
+    assert piped(server, workspace, ["-p", "why?"], "ERROR: disk full\n").returncode == 0
+    assert server.bodies[0]["messages"][1]["content"] == "why?\n\n<stdin>\nERROR: disk full\n</stdin>"
+
+
+def test_closed_stdin_adds_nothing(serve, run, workspace):
+    server = serve(lambda body: reply("ok"))
+    run(["-p", "plain"], cwd=workspace, base_url=server.url)
+    assert server.bodies[0]["messages"][1]["content"] == "plain"
+
+
+@pytest.mark.parametrize("flags, advertised", [
+    (["--allowed-tools", "Read,Grep"], ["Read", "Grep"]),
+    (["--allowedTools", "Read Bash"], ["Read", "Bash"]),
+    (["--disallowed-tools", "Bash, Write"], ["Read", "Edit", "Glob", "Grep"]),
+])
+def test_tool_choice(serve, run, workspace, flags, advertised):
+    server = serve(lambda body: reply("ok"))
+    assert run(["-p", "x", *flags], cwd=workspace, base_url=server.url).code == 0
+    assert [t["function"]["name"] for t in server.bodies[0]["tools"]] == advertised
+
+
+def test_a_disallowed_tool_cannot_be_called(serve, run, workspace):
+    def model(body):
+        if body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=[call("Bash", {"command": "touch hacked"})])
+        return reply(body["messages"][-1]["content"])
+    server = serve(model)
+    result = run(["-p", "x", "--disallowed-tools", "Bash"], cwd=workspace, base_url=server.url)
+    assert result.stdout.startswith("Error: no tool called Bash") and not (workspace / "hacked").exists()
+
+
+def test_append_system_prompt_and_trace(serve, run, workspace, tmp_path):
+    server = serve(tool_then_answer)
+    trace = tmp_path / "trace.jsonl"
+    result = run(["-p", "x", "--append-system-prompt", "Answer in French.", "--trace", str(trace)],
+                 cwd=workspace, base_url=server.url)
+    assert result.code == 0
+    assert server.bodies[0]["messages"][0]["content"].endswith("Answer in French.")
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [e["type"] for e in events] == ["request", "assistant", "tool_call", "tool_result", "request", "assistant"]
+    assert events[0]["body"] == server.bodies[0] and all("time" in e for e in events)
+    assert events[3]["seconds"] >= 0 and events[1]["usage"]["prompt_tokens"] == 100
+    assert "sk-test-secret-123" not in trace.read_text()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["-p", "x", "--max-turns", "0"], "argument --max-turns: must be above zero"),
+    (["-p", "x", "--max-turns", "lots"], "argument --max-turns: not a number"),
+    (["-p", "x", "--output-format", "xml"], "argument --output-format: invalid choice"),
+    (["-p", "x", "--allowed-tools", "Teleport"], "no tool called Teleport"),
+    (["-p", ""], "the prompt is empty"),
+    ([], "the prompt is empty"),
+])
+def test_usage_errors_exit_2_and_send_nothing(serve, run, workspace, flags, message):
+    server = serve(lambda body: reply("never"))
+    result = run(flags, cwd=workspace, base_url=server.url)
+    assert result.code == 2 and result.stdout == "" and server.bodies == []
+    assert result.stderr.startswith("solo: ") and message in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_version_and_help(run, workspace):
+    result = run(["--version"], cwd=workspace, base_url="http://127.0.0.1:9")
+    assert (result.code, result.stdout) == (0, f"solo {agent.VERSION}\n")
+    result = run(["--help"], cwd=workspace, base_url="http://127.0.0.1:9")
+    assert result.code == 0
+    for option in ("--output-format", "--verbose", "--model", "--allowed-tools", "--disallowed-tools",
+                   "--append-system-prompt", "--trace", "--max-turns", "--max-cost", "--yes", "Exit codes"):
+        assert option in result.stdout
+
+
+def test_main_in_process_with_injected_streams(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    code = agent.main(["-p", "x"], env={"OPENROUTER_API_KEY": "", "HOME": str(tmp_path)},
+                      streams=agent.Streams(None, out, err))
+    assert code == 2 and out.getvalue() == "" and "OPENROUTER_API_KEY is not set" in err.getvalue()
+
+
+def test_api_key_is_redacted_from_errors(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    key = "sk-or-v1-abcdef123456"
+    code = agent.main(["-p", "x"], env={"OPENROUTER_API_KEY": key, "OPENROUTER_BASE_URL": f"http://127.0.0.1:9/{key}",
+                                        "SOLO_MAX_ATTEMPTS": "1"}, streams=agent.Streams(None, out, err))
+    assert code == 1 and key not in err.getvalue() and "***" in err.getvalue()
