@@ -32,18 +32,15 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
-import difflib
 import email.utils
 import fnmatch
 import itertools
 import json
 import os
-import platform
 import random
 import re
-import shlex
+import select
 import signal
 import subprocess
 import sys
@@ -51,9 +48,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import requests
 
@@ -94,9 +90,8 @@ SHRINK_ATTEMPTS = 3  # times the conversation is shrunk after a context-length r
 STUB_MIN_CHARS = 400  # tool results shorter than this are not worth replacing with a stub
 
 
-@dataclass(frozen=True)
-class Config:
-    """Everything the run needs, built once in main from argv and the environment."""
+class Config(NamedTuple):
+    """Everything the run needs, built once in main from argv and the environment (immutable)."""
 
     api_key: str
     cwd: Path
@@ -204,8 +199,7 @@ class HeadTail:
 # --- Tools ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Skill:
+class Skill(NamedTuple):
     """A folder of instructions under .claude/skills, loaded on request."""
 
     name: str
@@ -215,19 +209,17 @@ class Skill:
     fork: bool = False  # run as a sub-agent in a fresh conversation
 
 
-@dataclass(frozen=True)
-class ToolContext:
+class ToolContext(NamedTuple):
     """What tools may touch: the working directory, the commands' environment, the skills."""
 
     cwd: Path
     env: dict[str, str]
-    skills: dict[str, Skill] = field(default_factory=dict)
+    skills: dict[str, Skill] = {}  # never mutated
     confirm: Callable[[str, dict], bool] | None = None  # asks the user before a change; None: allowed
     fork: Callable[[str], str] | None = None  # runs a skill body as a sub-agent, returns its answer
 
 
-@dataclass(frozen=True)
-class Tool:
+class Tool(NamedTuple):
     """One tool: its spec for the model and the function that runs it."""
 
     name: str
@@ -273,6 +265,7 @@ def shown(ctx: ToolContext, path: Path) -> str:
 
 def missing_file(ctx: ToolContext, file_path: str, path: Path) -> ToolError:
     """The error for a path that does not exist, naming close names that do."""
+    import difflib  # only on this error path: it costs start-up time
     names = [shown(ctx, p) for p in walk_files(ctx.cwd, 5_000)]
     by_name: dict[str, str] = {}
     for name in names:
@@ -704,6 +697,7 @@ ARGUMENT_PATTERN = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS\b|\$(\d+)")
 
 def substitute_arguments(body: str, arguments: str) -> str:
     """A skill body with $ARGUMENTS, $ARGUMENTS[N] and $N filled in (N counts from zero)."""
+    import shlex  # only when a skill is invoked: it costs start-up time
     try:
         words = shlex.split(arguments)
     except ValueError:
@@ -918,7 +912,7 @@ def system_prompt(cfg: Config, skills: dict[str, Skill]) -> str:
         "You are solo, a coding agent working in the user's project through tools: read, write and edit "
         "files, search them, and run shell commands.",
         f"Working directory: {cfg.cwd}\nDate: {datetime.date.today().isoformat()}\n"
-        f"Platform: {platform.system()} {platform.machine()}",
+        f"Platform: {os.uname().sysname} {os.uname().machine}",
         "- Look before you answer: use the tools to find facts instead of guessing. Paths are relative "
         "to the working directory.\n"
         "- Answer in exactly the form the user asks for. If they ask for only a number, a word, a path or "
@@ -945,14 +939,15 @@ def is_anthropic(model: str) -> bool:
 
 
 def build_request(cfg: Config, messages: list[dict], specs: list[dict]) -> dict:
-    """The chat completions request body for the conversation so far."""
-    body: dict[str, Any] = {"model": cfg.model, "messages": messages}
-    if specs:
-        body["tools"] = specs
+    """The request body; the growing `messages` go last, so each body starts with the whole previous one."""
+    body: dict[str, Any] = {"model": cfg.model}
     if cfg.session_id:
         body["session_id"] = cfg.session_id
     if cfg.cache and is_anthropic(cfg.model):
         body["cache_control"] = {"type": "ephemeral"}
+    if specs:
+        body["tools"] = specs
+    body["messages"] = messages
     return body
 
 
@@ -1140,16 +1135,13 @@ class ModelClient:
 # --- The agent loop -------------------------------------------------------------------------------
 
 
-@dataclass
 class Usage:
     """Tokens and cost summed over every request of a run, sub-agents included."""
 
-    requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    cache_write_tokens: int = 0
-    cost: float | None = None  # USD; None until a reply reports it
+    def __init__(self) -> None:
+        self.requests = self.prompt_tokens = self.completion_tokens = 0
+        self.cached_tokens = self.cache_write_tokens = 0
+        self.cost: float | None = None  # USD; None until a reply reports it
 
     def add(self, usage: Any) -> None:
         """Count one reply's `usage` object."""
@@ -1170,8 +1162,7 @@ class Usage:
                 f"{self.cache_write_tokens} cache writes), {self.completion_tokens} completion tokens{cost}")
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     """How a conversation ended: the answer, or which limit stopped it."""
 
     answer: str
@@ -1394,8 +1385,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     )
 
 
-@dataclass
-class Streams:
+class Streams(NamedTuple):
     """The standard streams, injectable for tests."""
 
     stdin: Any
@@ -1490,7 +1480,6 @@ class Reporter:
 
 def read_piped(stdin: Any, idle: float | None) -> str:
     """Piped stdin as text, kept bounded; with `idle`, stop when nothing arrives for that many seconds."""
-    import select
     sink, fd = HeadTail(READ_LIMIT), stdin.fileno()
     while not idle or select.select([fd], [], [], idle)[0]:
         chunk = os.read(fd, 1 << 16)
@@ -1590,7 +1579,7 @@ class Session:
         elif word == "/cost":
             self.reporter.say(self.agent.usage.line())
         elif word == "/model" and rest.strip():
-            self.agent.cfg = dataclasses.replace(self.agent.cfg, model=rest.strip())
+            self.agent.cfg = self.agent.cfg._replace(model=rest.strip())
             self.reporter.say(f"model: {rest.strip()}")
         else:
             return False
@@ -1665,6 +1654,11 @@ def raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The program's entry point: SIGTERM unwinds like Ctrl-C, main's result is the exit status."""
     signal.signal(signal.SIGTERM, raise_terminated)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

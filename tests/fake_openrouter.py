@@ -65,8 +65,8 @@ def load_validator():
 class FakeOpenRouter:
     """The server; use as a context manager, read `.url`, `.bodies`, `.raw`, `.headers`, `.problems`."""
 
-    def __init__(self, model: Callable[[dict], Any], *, validate: bool = True):
-        self.model = model
+    def __init__(self, model: Callable[[dict], Any], *, validate: bool = True, accept: str = "anthropic/claude-haiku"):
+        self.model, self.accept = model, accept
         self.bodies: list[dict] = []
         self.raw: list[bytes] = []
         self.headers: list[dict] = []
@@ -102,7 +102,7 @@ class FakeOpenRouter:
         if self.validator:
             for error in self.validator.iter_errors(body):
                 self.problems.append(f"schema: {error.message[:200]} at {list(error.absolute_path)}")
-        if not str(body.get("model", "")).startswith("anthropic/claude-haiku"):
+        if not str(body.get("model", "")).startswith(self.accept):
             return Raw(400, {"error": {"code": 400, "message": f"{body.get('model')} is not a valid model ID"}})
         return self.model(body)
 
@@ -112,6 +112,7 @@ class FakeOpenRouter:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else headers and body wait on a delayed ACK (~40 ms a turn)
 
             def log_message(self, *args: Any) -> None:
                 pass

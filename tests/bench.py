@@ -1,0 +1,184 @@
+"""Benchmarks: what the harness costs on top of the model, each figure beside its floor.
+
+Run from the repository root (after tests/setup.sh):  .venv/bin/python tests/bench.py [--quick]
+
+Prints a table of medians over several runs: start-up to first request, time per turn over a 200-turn
+session, peak RSS idle / reading a 1 GB file / running a command that prints 1 GB, the largest request
+body, and for prompt caching the share of each request that repeats the previous one byte for byte.
+Not collected by pytest: it takes minutes and its figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fake_openrouter import FakeOpenRouter, call, reply  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAM, PYTHON = ROOT / "your_program.sh", ROOT / ".venv" / "bin" / "python"
+QUICK = "--quick" in sys.argv
+RUNS = 3 if QUICK else 7
+
+FLOOR_START = """
+import requests, sys
+requests.post(sys.argv[1] + "/chat/completions", json={"model": "anthropic/claude-haiku-4.5", "messages": []},
+              headers={"Authorization": "Bearer bench-key"})
+"""
+
+FLOOR_LOOP = """
+import json, requests, sys
+url, turns, path = sys.argv[1] + "/chat/completions", int(sys.argv[2]), sys.argv[3]
+session = requests.Session()
+session.headers.update({"Authorization": "Bearer bench-key", "Content-Type": "application/json"})
+messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+while True:
+    body = {"model": "anthropic/claude-haiku-4.5", "messages": messages}
+    message = session.post(url, data=json.dumps(body)).json()["choices"][0]["message"]
+    messages.append(message)
+    if not message.get("tool_calls"):
+        break
+    for c in message["tool_calls"]:
+        with open(path) as f:
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": f.read()})
+"""
+
+
+def env_for(server: FakeOpenRouter, workspace: Path) -> dict:
+    return {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "bench-key", "HOME": str(workspace)}
+
+
+def peak_rss(args: list[str], server: FakeOpenRouter, workspace: Path) -> int:
+    """Run a command to its end, polling its peak resident memory (VmHWM); return it in MB."""
+    proc = subprocess.Popen(args, cwd=workspace, env=env_for(server, workspace), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            peak = max(peak, int(status.split("VmHWM:")[1].split()[0]))
+        except (OSError, IndexError, ValueError):
+            pass
+        time.sleep(0.005)
+    if proc.returncode != 0:
+        raise SystemExit(f"{args[0]} failed with {proc.returncode}")
+    return peak // 1024
+
+
+def startup(workspace: Path) -> tuple[float, float]:
+    """Median seconds from spawn to first request: the agent, and a bare requests.post script."""
+    agent, floor = [], []
+    for _ in range(RUNS):
+        with FakeOpenRouter(lambda body: reply("ok"), validate=False) as server:
+            server.times.clear()
+            start = time.monotonic()
+            proc = subprocess.Popen([str(PROGRAM), "-p", "hi"], cwd=workspace, env=env_for(server, workspace),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            proc.wait()
+            agent.append(server.times[0] - start)
+            start = time.monotonic()
+            subprocess.run([str(PYTHON), "-c", FLOOR_START, server.url], cwd=workspace, check=True,
+                           stdout=subprocess.DEVNULL, env=env_for(server, workspace))
+            floor.append(server.times[1] - start)
+    return statistics.median(agent), statistics.median(floor)
+
+
+def session_model(turns: int):
+    """A model that reads a small file `turns` times, one call per turn, then answers."""
+    def model(body):
+        done = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        return reply(tool_calls=[call("Read", {"file_path": "small.txt"})]) if done < turns else reply("done")
+    return model
+
+
+def per_turn(workspace: Path, turns: int = 200) -> tuple[float, float, int]:
+    """Median seconds per turn for the agent and the minimal loop, and the largest agent body in bytes."""
+    (workspace / "small.txt").write_text("a small file\n" * 5)
+    agent, floor, largest = [], [], 0
+    for _ in range(max(3, RUNS // 2)):
+        with FakeOpenRouter(session_model(turns), validate=False) as server:
+            subprocess.run([str(PROGRAM), "-p", "go", "--max-turns", "1000"], cwd=workspace, env=env_for(server, workspace), check=True,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            agent.append((server.times[-1] - server.times[0]) / turns)
+            largest = max(largest, max(len(r) for r in server.raw))
+        with FakeOpenRouter(session_model(turns), validate=False) as server:
+            subprocess.run([str(PYTHON), "-c", FLOOR_LOOP, server.url, str(turns), "small.txt"], cwd=workspace,
+                           check=True, stdout=subprocess.DEVNULL)
+            floor.append((server.times[-1] - server.times[0]) / turns)
+    return statistics.median(agent), statistics.median(floor), largest
+
+
+def one_call(name: str, args: dict):
+    def model(body):
+        if body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=[call(name, args)])
+        return reply("done")
+    return model
+
+
+def memory(workspace: Path) -> dict[str, tuple[int, int]]:
+    """Peak RSS in MB (and the largest request body) idle, reading a 1 GB file, and a command printing 1 GB."""
+    big = workspace / "big.txt"
+    if not big.exists() or big.stat().st_size < 1 << 30:
+        line = b"the quick brown fox jumps over the lazy dog 0123456789\n" * 1000
+        with open(big, "wb") as f:
+            for _ in range((1 << 30) // len(line) + 1):
+                f.write(line)
+    cases = {"idle (answer at once)": lambda body: reply("ok"),
+             "Read of a 1 GB file": one_call("Read", {"file_path": "big.txt"}),
+             "Bash printing 1 GB": one_call("Bash", {"command": "yes | head -c 1073741824"})}
+    results = {}
+    for label, model in cases.items():
+        peaks, largest = [], 0
+        for _ in range(max(2, RUNS // 3)):
+            with FakeOpenRouter(model, validate=False) as server:
+                peaks.append(peak_rss([str(PROGRAM), "-p", "go"], server, workspace))
+                largest = max(largest, max(len(r) for r in server.raw))
+        results[label] = (statistics.median(peaks), largest)
+    return results
+
+
+def prefix_share(workspace: Path, turns: int = 30) -> tuple[float, int]:
+    """For a 30-turn session: mean share of each request (turns 2-30) that repeats the previous one; bytes sent."""
+    with FakeOpenRouter(session_model(turns - 1), validate=False) as server:
+        subprocess.run([str(PROGRAM), "-p", "go", "--max-turns", "1000"], cwd=workspace, env=env_for(server, workspace), check=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        raw = list(server.raw)
+    shares = [len(os.path.commonprefix([before, after])) / len(after) for before, after in zip(raw, raw[1:])]
+    return statistics.mean(shares), sum(len(r) for r in raw)
+
+
+def main() -> None:
+    """Run every benchmark and print the table."""
+    subprocess.run([str(PROGRAM), "--version"], check=True, stdout=subprocess.DEVNULL)  # set-up outside timings
+    with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
+        workspace = Path(tmp)
+        start_agent, start_floor = startup(workspace)
+        turn_agent, turn_floor, largest = per_turn(workspace)
+        peaks = memory(workspace)
+        share, sent = prefix_share(workspace)
+    idle = peaks["idle (answer at once)"][0]
+    rows = [
+        ("start-up to first request", f"{start_agent * 1000:.0f} ms", f"{start_floor * 1000:.0f} ms",
+         f"{start_agent / start_floor:.2f}x (target <= 1.2x)"),
+        ("time per turn, 200-turn session", f"{turn_agent * 1000:.2f} ms", f"{turn_floor * 1000:.2f} ms",
+         f"{turn_agent / turn_floor:.2f}x (target <= 1.3x)"),
+        *[(f"peak RSS, {label}", f"{mb} MB", f"{idle} MB idle", f"+{mb - idle} MB (target <= +30 MB)")
+          for label, (mb, _) in peaks.items()],
+        ("largest request body", f"{max([largest] + [b for _, b in peaks.values()]) / 1000:.0f} kB", "", ""),
+        ("30-turn session: prefix repeated", f"{share * 100:.1f}%", "", "target >= 95%"),
+        ("30-turn session: bytes sent", f"{sent / 1000:.0f} kB", "", ""),
+    ]
+    print(f"{'measure':36} {'solo':>12} {'floor':>14}  verdict")
+    for name, value, floor, verdict in rows:
+        print(f"{name:36} {value:>12} {floor:>14}  {verdict}")
+
+
+if __name__ == "__main__":
+    main()
