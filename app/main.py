@@ -110,7 +110,6 @@ class Config(NamedTuple):
     cache: bool = True  # ask Anthropic models to cache the prompt prefix
     pass_env: tuple[str, ...] = ()  # secret-looking variables commands may still see
     yes: bool = False  # interactive session: run commands and edits without asking
-    debug: bool = False
     home: Path | None = None  # for ~/.claude/skills
     session_id: str = ""
 
@@ -244,15 +243,12 @@ def resolve(ctx: ToolContext, file_path: str) -> Path:
 
 
 def walk_files(root: Path, limit: int = 50_000) -> Iterator[Path]:
-    """Files under root, skipping version-control folders, at most `limit` of them."""
-    count = 0
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        for name in sorted(files):
-            yield Path(folder, name)
-            count += 1
-            if count >= limit:
-                return
+    """Regular files under root, skipping version-control folders, at most `limit` of them."""
+    def walk() -> Iterator[Path]:
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+            yield from (Path(folder, name) for name in sorted(files) if os.path.isfile(os.path.join(folder, name)))
+    return itertools.islice(walk(), limit)
 
 
 def shown(ctx: ToolContext, path: Path) -> str:
@@ -283,6 +279,8 @@ def existing_file(ctx: ToolContext, file_path: str) -> Path:
         raise ToolError(f"{file_path} is a directory, not a file; use Bash with ls or Glob to list it")
     if not path.exists():
         raise missing_file(ctx, file_path, path)
+    if not path.is_file():  # a FIFO or a device could block forever or never end
+        raise ToolError(f"{file_path} is not a regular file")
     return path
 
 
@@ -364,12 +362,6 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def describe_size(data: bytes) -> str:
-    """'N bytes, M lines' for a write's report."""
-    lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-    return f"{len(data)} bytes, {lines} line{'s' * (lines != 1)}"
-
-
 def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
     """Create or overwrite a file atomically, creating its folders."""
     path = resolve(ctx, file_path)
@@ -382,12 +374,8 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
         raise ToolError(f"cannot create {file_path}: a parent of it is a file, not a folder") from None
     data = content.encode("utf-8")
     atomic_write(path, data)
-    return f"{'Updated' if existed else 'Created'} {file_path} ({describe_size(data)})"
-
-
-def to_crlf(text: str) -> str:
-    """Text with every line ending as CRLF."""
-    return text.replace("\r\n", "\n").replace("\n", "\r\n")
+    lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    return f"{'Updated' if existed else 'Created'} {file_path} ({len(data)} bytes, {lines} line{'s' * (lines != 1)})"
 
 
 def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
@@ -407,8 +395,8 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     if "\0" in text:
         raise ToolError(f"{file_path} is a binary file; it was left as is")
     old, new = old_string, new_string
-    if old not in text and "\r\n" in text and "\n" in old:
-        old, new = to_crlf(old), to_crlf(new)
+    if old not in text and "\r\n" in text and "\n" in old:  # the model wrote LF for a CRLF file
+        old, new = (t.replace("\r\n", "\n").replace("\n", "\r\n") for t in (old_string, new_string))
     count = text.count(old)
     if count == 0:
         raise ToolError(f"old_string was not found in {file_path}; Read the file and copy the text exactly")
@@ -432,18 +420,10 @@ def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, 
     return {name: value for name, value in env.items() if not secret(name)}
 
 
-def kill_group(pgid: int) -> None:
-    """Kill a process group; it may already be gone."""
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send a signal to a process group (0 only asks); False when no process of it is left."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any process of the group still runs."""
-    try:
-        os.killpg(pgid, 0)
+        os.killpg(pgid, sig)
         return True
     except (ProcessLookupError, PermissionError):
         return False
@@ -460,7 +440,7 @@ def pump(fd: int, sink: HeadTail) -> None:
 
 def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) -> str:
     """Run a command with bash in its own process group; return its output and exit code."""
-    timeout = max(1, min(int(timeout), BASH_MAX_TIMEOUT_MS))
+    timeout = min(timeout, BASH_MAX_TIMEOUT_MS) if timeout > 0 else BASH_TIMEOUT_MS
     out = HeadTail(RESULT_LIMIT // 2 - 200)  # room for the notes below within one result
     read_fd, write_fd = os.pipe()
     try:
@@ -479,15 +459,15 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
     try:
         code = proc.wait(timeout=timeout / 1000)
     except subprocess.TimeoutExpired:
-        kill_group(proc.pid)
+        signal_group(proc.pid, signal.SIGKILL)
         code = proc.wait()
         notes.append(f"[timed out after {timeout} ms; the command and its children were killed]")
     except BaseException:  # Ctrl-C or SIGTERM: take the command down with us
-        kill_group(proc.pid)
+        signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
     reader.join(BACKGROUND_GRACE)
-    if group_alive(proc.pid):
+    if signal_group(proc.pid, 0):
         notes.append(f"[the shell exited; background processes are still running (process group {proc.pid})]")
     text = out.text()
     return (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join([*notes, f"[exit code {code}]"])
@@ -757,23 +737,6 @@ def params(required: list[str], **props: tuple[str, str]) -> dict:
     }
 
 
-GREP_PARAMS = params(
-    ["pattern"],
-    pattern=("string", "Python regular expression to search for"),
-    path=("string", "File or folder to search (default: the working directory)"),
-    glob=("string", "Only files whose name matches this glob, e.g. '*.py' or '*.{ts,tsx}'"),
-    output_mode=("string", "files_with_matches (default), content (matching lines), or count"),
-    head_limit=("integer", "Return at most this many lines or files"),
-)
-GREP_PARAMS["properties"]["output_mode"]["enum"] = ["files_with_matches", "content", "count"]
-GREP_PARAMS["properties"].update({
-    "-i": {"type": "boolean", "description": "Case-insensitive search"},
-    "-n": {"type": "boolean", "description": "Show line numbers in content mode (default true)"},
-    "-A": {"type": "integer", "description": "Lines of context after each match (content mode)"},
-    "-B": {"type": "integer", "description": "Lines of context before each match (content mode)"},
-    "-C": {"type": "integer", "description": "Lines of context before and after each match (content mode)"},
-})
-
 TOOLS: tuple[Tool, ...] = (
     Tool("Read", "Read a text file and return its content exactly (no line numbers). Shows up to 2000 "
          "lines; when the file goes on, the result says which lines it shows and the offset to continue.",
@@ -802,7 +765,17 @@ TOOLS: tuple[Tool, ...] = (
                 path=("string", "Folder to search (default: the working directory)")),
          tool_glob),
     Tool("Grep", "Search file contents with a regular expression; skips .git and binary files.",
-         GREP_PARAMS, tool_grep),
+         params(["pattern"], pattern=("string", "Python regular expression to search for"),
+                path=("string", "File or folder to search (default: the working directory)"),
+                glob=("string", "Only files whose name matches this glob, e.g. '*.py' or '*.{ts,tsx}'"),
+                output_mode=("string", "files_with_matches (default), content (matching lines), or count"),
+                head_limit=("integer", "Return at most this many lines or files"),
+                **{"-i": ("boolean", "Case-insensitive search"),
+                   "-n": ("boolean", "Show line numbers in content mode (default true)"),
+                   "-A": ("integer", "Lines of context after each match (content mode)"),
+                   "-B": ("integer", "Lines of context before each match (content mode)"),
+                   "-C": ("integer", "Lines of context before and after each match (content mode)")}),
+         tool_grep),
     Tool("Skill", "Load a skill (packaged instructions from the user) by name when its description fits "
          "the task, and follow what it says.",
          params(["name"], name=("string", "The skill's name"),
@@ -835,21 +808,16 @@ def coerce(value: Any, kind: str) -> Any:
         if isinstance(value, (dict, list)):
             return json.dumps(value, indent=2)
         return value if isinstance(value, str) else json.dumps(value)
-    if kind == "integer":
-        if isinstance(value, bool):
-            raise ValueError
+    if kind == "integer" and not isinstance(value, bool):
         if isinstance(value, float) and value.is_integer():
             return int(value)
         return value if isinstance(value, int) else int(str(value).strip())
     if kind == "boolean":
-        if isinstance(value, bool):
-            return value
         text = str(value).strip().lower()
-        if text in ("true", "1", "yes"):
-            return True
-        if text in ("false", "0", "no"):
-            return False
-        raise ValueError
+        if text in ("true", "false", "1", "0", "yes", "no"):
+            return text in ("true", "1", "yes")
+    if kind in ("integer", "boolean"):
+        raise ValueError(kind)
     return value
 
 
@@ -1177,18 +1145,19 @@ CUT_OFF = ("Error: this tool call was cut off because the reply reached the outp
 def ask(cfg: Config, messages: list[dict], specs: list[dict], model: Callable[[dict], dict],
         emit: Callable[[dict], None]) -> dict:
     """One reply from the model, shrinking the conversation when it no longer fits."""
-    for attempt in range(SHRINK_ATTEMPTS + 1):
+    shrinks = 0
+    while True:
         body = build_request(cfg, messages, specs)
         emit({"type": "request", "body": body})
         try:
             return model(body)
         except ContextOverflow:
-            replaced = shrink(messages) if attempt < SHRINK_ATTEMPTS else 0
+            replaced = shrink(messages) if shrinks < SHRINK_ATTEMPTS else 0
             if not replaced:
                 raise
+            shrinks += 1
             emit({"type": "notice", "text": f"the conversation is too long for the model: replaced {replaced} "
                   "old tool results with a short note and retrying"})
-    raise AssertionError("unreachable")
 
 
 def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages: list[dict],
@@ -1380,7 +1349,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         append_system_prompt=args.append_system_prompt, trace_path=args.trace,
         cache=not (args.no_cache or env.get("SOLO_NO_CACHE", "") not in ("", "0")),
         pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))),
-        yes=args.yes, debug=env.get("SOLO_DEBUG", "") not in ("", "0"),
+        yes=args.yes,
         home=Path(home) if home else None, session_id=str(uuid.uuid4()),
     )
 
@@ -1414,11 +1383,11 @@ class Reporter:
             self.trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
         except OSError as error:
             raise UsageError(f"cannot open the trace file: {error}") from None
-        self.spinner: threading.Event | None = None
+        self.showing = False  # the 'thinking' note is on the terminal
 
     def say(self, text: str) -> None:
         """A line on stderr."""
-        self.stop_spinner()
+        self.thinking(False)
         print(f"solo: {redact(text, self.cfg.api_key)}", file=self.streams.stderr, flush=True)
 
     def __call__(self, event: dict) -> None:
@@ -1427,15 +1396,12 @@ class Reporter:
         if self.trace:
             self.trace.write(json.dumps({"time": round(time.time(), 3), **event}, ensure_ascii=False) + "\n")
             self.trace.flush()
-        if kind == "assistant":
-            self.turns += 1
-            self.stop_spinner()
-        elif kind == "notice":
+        self.thinking(kind == "request")
+        self.turns += kind == "assistant"
+        if kind == "notice":
             self.say(event["text"])
         elif kind == "tool_result" and (self.cfg.verbose or self.interactive):
             self.say(tool_line(event))
-        elif kind == "request" and self.interactive:
-            self.start_spinner()
         if self.cfg.output_format == "stream-json" and kind in ("assistant", "tool_call", "tool_result"):
             self.write_json({k: v for k, v in event.items() if k != "seconds"})
 
@@ -1443,26 +1409,12 @@ class Reporter:
         """One JSON object as a line on stdout."""
         print(json.dumps(obj, ensure_ascii=False), file=self.streams.stdout, flush=True)
 
-    def start_spinner(self) -> None:
-        """Show that the model is thinking, on a terminal only."""
-        if self.spinner or not self.streams.stderr.isatty():
-            return
-        self.spinner = stop = threading.Event()
-        def spin() -> None:
-            for frame in itertools.cycle("|/-\\"):
-                if stop.wait(0.1):
-                    break
-                self.streams.stderr.write(f"\r{frame} thinking")
-                self.streams.stderr.flush()
-            self.streams.stderr.write("\r\033[K")
-        threading.Thread(target=spin, daemon=True).start()
-
-    def stop_spinner(self) -> None:
-        """Clear the thinking indicator."""
-        if self.spinner:
-            self.spinner.set()
-            self.spinner = None
-            time.sleep(0.01)
+    def thinking(self, on: bool) -> None:
+        """Show or clear a note while the model thinks: in a session on a terminal only."""
+        if self.interactive and on != self.showing and self.streams.stderr.isatty():
+            self.streams.stderr.write("thinking...\r" if on else "\r\033[K")
+            self.streams.stderr.flush()
+            self.showing = on
 
     def result(self, outcome: Outcome | None, error: str, usage: Usage, started: float) -> dict:
         """The closing result object of --output-format json and stream-json."""
@@ -1508,12 +1460,6 @@ def read_prompt(prompt: str | None, stdin: Any) -> tuple[str | None, str]:
     return prompt, context
 
 
-def finish_line(agent: Agent, reporter: Reporter) -> None:
-    """The verbose closing line: turns, tokens and cost."""
-    if agent.cfg.verbose:
-        reporter.say(f"done: {reporter.turns} turns, {agent.usage.line()}")
-
-
 def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams) -> int:
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
     started, reporter = time.monotonic(), Reporter(cfg, streams)
@@ -1528,7 +1474,8 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
         limit = "--max-turns" if outcome.subtype == "error_max_turns" else "--max-cost"
         error, code = f"stopped: the {limit} limit was reached after {outcome.turns} turns", EXIT_LIMIT
         reporter.say(error)
-    finish_line(agent, reporter)
+    if cfg.verbose:
+        reporter.say(f"done: {reporter.turns} turns, {agent.usage.line()}")
     if cfg.output_format == "text":
         if outcome and code == EXIT_OK:
             print(outcome.answer, file=streams.stdout, flush=True)
@@ -1561,7 +1508,7 @@ class Session:
         """Ask once before a command or a file change runs: y, n, or a (always, for this tool)."""
         if tool in self.always:
             return True
-        self.reporter.stop_spinner()
+        self.reporter.thinking(False)
         what = args.get("command") or args.get("file_path") or ""
         answer = self.read_line(f"Allow {tool}: {one_line(str(what), 200)}? [y/n/a] ").strip().lower()
         if answer.startswith("a"):
