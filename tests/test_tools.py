@@ -313,3 +313,12 @@ def test_grep_output_is_bounded(ctx, tmp_path):
     (tmp_path / "big.txt").write_text("match me\n" * 200_000)
     out = call_tool(ctx, "Grep", pattern="match", output_mode="content")
     assert len(out) < agent.RESULT_LIMIT and "more results not shown" in out
+
+
+def test_fifos_are_refused_or_skipped_never_waited_on(ctx, tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "a.txt").write_text("needle")
+    assert call_tool(ctx, "Read", file_path="pipe") == "Error: pipe is not a regular file"
+    assert call_tool(ctx, "Edit", file_path="pipe", old_string="a", new_string="b") == "Error: pipe is not a regular file"
+    assert call_tool(ctx, "Grep", pattern="needle") == "a.txt"
+    assert call_tool(ctx, "Grep", pattern="needle", output_mode="count") == "a.txt:1"
