@@ -158,3 +158,12 @@ def test_head_tail_keeps_memory_flat():
         sink.feed(chunk)
     assert sink.text() == "abcd\n[... 6 bytes omitted ...]\nklmn"
     assert len(sink.head) == 4 and len(sink.tail) == 4
+
+
+def test_the_schema_check_in_the_fake_server_is_real():
+    from tests.fake_openrouter import load_validator
+    validator = load_validator()
+    good = agent.build_request(config(), [{"role": "user", "content": "u"}], [agent.TOOLS[0].spec()])
+    assert list(validator.iter_errors(good)) == []
+    assert list(validator.iter_errors({**good, "tools": [{"type": "function"}]}))
+    assert list(validator.iter_errors({**good, "messages": [{"role": "tool", "content": "no id"}]}))
