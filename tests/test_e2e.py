@@ -136,6 +136,7 @@ def test_parallel_calls_with_one_failing_are_all_answered_in_order(serve, run, w
     (call("Read", '{"file_path": "a.txt"'), "Error: the arguments were not valid JSON"),
     (call("Read", {}), "Error: missing input file_path"),
     (call("Read", {"file_path": "a.txt", "offset": "zero"}), "Error: input offset should be integer"),
+    (call("Write", {"file_path": "app", "content": "x"}), "Error: app is a directory"),
 ])
 def test_bad_calls_come_back_as_errors_and_the_run_goes_on(serve, run, workspace, bad_call, expected):
     def model(body):
