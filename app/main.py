@@ -473,11 +473,16 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
     return (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join([*notes, f"[exit code {code}]"])
 
 
-def listing(ctx: ToolContext, paths: list[Path], limit: int, what: str) -> str:
-    """Paths one per line, cut to `limit` with a note saying how many were left out."""
-    lines = [shown(ctx, p) for p in paths[:limit]]
+def newest_listing(ctx: ToolContext, paths: list[Path], limit: int) -> str:
+    """Paths newest first, one per line, cut to `limit` with a note saying how many were left out."""
+    def age(p: Path) -> tuple[float, str]:
+        try:
+            return (-p.stat().st_mtime, str(p))
+        except OSError:
+            return (0.0, str(p))
+    lines = [shown(ctx, p) for p in sorted(paths, key=age)[:limit]]
     if len(paths) > limit:
-        lines.append(f"[{len(paths) - limit} more {what} not shown; narrow the search]")
+        lines.append(f"[{len(paths) - limit} more files not shown; narrow the search]")
     return "\n".join(lines)
 
 
@@ -487,16 +492,6 @@ def search_root(ctx: ToolContext, path: str | None) -> Path:
     if not root.exists():
         raise missing_file(ctx, path or ".", root)
     return root
-
-
-def newest_first(paths: list[Path]) -> list[Path]:
-    """Paths sorted by modification time, newest first, then by name."""
-    def key(p: Path) -> tuple[float, str]:
-        try:
-            return (-p.stat().st_mtime, str(p))
-        except OSError:
-            return (0.0, str(p))
-    return sorted(paths, key=key)
 
 
 def tool_glob(ctx: ToolContext, pattern: str, path: str | None = None) -> str:
@@ -514,7 +509,7 @@ def tool_glob(ctx: ToolContext, pattern: str, path: str | None = None) -> str:
                 break
     if not found:
         return "No files found"
-    return listing(ctx, newest_first(found), LIST_LIMIT, "files")
+    return newest_listing(ctx, found, LIST_LIMIT)
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -604,7 +599,7 @@ def tool_grep(
         if len(rows) > limit:
             break
     if matched:
-        return listing(ctx, newest_first(matched), limit, "files")
+        return newest_listing(ctx, matched, limit)
     if not rows:
         return "No matches found"
     more = ["[more results not shown; narrow the search or raise head_limit]"] if len(rows) > limit else []
@@ -901,17 +896,12 @@ def system_prompt(cfg: Config, skills: dict[str, Skill]) -> str:
     return "\n\n".join(parts)
 
 
-def is_anthropic(model: str) -> bool:
-    """True for Anthropic-family models, which cache only when asked."""
-    return model.lstrip("~").startswith("anthropic/")
-
-
 def build_request(cfg: Config, messages: list[dict], specs: list[dict]) -> dict:
     """The request body; the growing `messages` go last, so each body starts with the whole previous one."""
     body: dict[str, Any] = {"model": cfg.model}
     if cfg.session_id:
         body["session_id"] = cfg.session_id
-    if cfg.cache and is_anthropic(cfg.model):
+    if cfg.cache and cfg.model.lstrip("~").startswith("anthropic/"):  # they cache only when asked
         body["cache_control"] = {"type": "ephemeral"}
     if specs:
         body["tools"] = specs
@@ -958,11 +948,6 @@ def assistant_message(message: dict, turn: int, seen_ids: set[str]) -> dict:
     if not message.get("content"):
         message["content"] = None  # an empty text block is rejected by Anthropic-backed routes
     return message
-
-
-def tool_message(call_id: str, content: str) -> dict:
-    """The message that answers one tool call."""
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
 def shrink(messages: list[dict]) -> int:
@@ -1172,7 +1157,7 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
         except ValueError:
             content = CUT_OFF
         content = content or run_tool_call(call, tools, ctx)
-        messages.append(tool_message(call["id"], content))
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
         emit({"type": "tool_result", "id": call["id"], "name": name, "arguments": arguments, "content": content,
               "is_error": content.startswith("Error:"), "seconds": time.monotonic() - started})
 
@@ -1223,7 +1208,8 @@ class Agent:
 
     def conversation(self) -> list[dict]:
         """A new conversation: just the system message."""
-        return [{"role": "system", "content": system_prompt(self.cfg, self.skills)}]
+        catalog = self.skills if "Skill" in self.tools else {}  # no catalog when the model cannot load them
+        return [{"role": "system", "content": system_prompt(self.cfg, catalog)}]
 
     def run(self, messages: list[dict], tools: dict[str, Tool] | None = None) -> Outcome:
         """Run the loop on a conversation."""
@@ -1367,13 +1353,6 @@ def redact(text: str, secret: str) -> str:
     return text.replace(secret, "***") if len(secret) >= 8 else text
 
 
-def tool_line(event: dict) -> str:
-    """One line for a finished tool call: tool, short arguments, ok or error, size, time."""
-    status = "error" if event["is_error"] else "ok"
-    return (f"{event['name']}({one_line(event['arguments'], 80)}) -> {status}, "
-            f"{len(event['content'])} chars, {event['seconds']:.2f} s")
-
-
 class Reporter:
     """Shows a run's events: notices and the verbose trace on stderr, stream-json on stdout, a trace file."""
 
@@ -1401,7 +1380,8 @@ class Reporter:
         if kind == "notice":
             self.say(event["text"])
         elif kind == "tool_result" and (self.cfg.verbose or self.interactive):
-            self.say(tool_line(event))
+            self.say(f"{event['name']}({one_line(event['arguments'], 80)}) -> {'error' if event['is_error'] else 'ok'}, "
+                     f"{len(event['content'])} chars, {event['seconds']:.2f} s")
         if self.cfg.output_format == "stream-json" and kind in ("assistant", "tool_call", "tool_result"):
             self.write_json({k: v for k, v in event.items() if k != "seconds"})
 
@@ -1596,14 +1576,11 @@ def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, st
         return fail(f"internal error: {type(error).__name__}: {one_line(str(error), 200)}", EXIT_ERROR)
 
 
-def raise_terminated(signum: int, frame: Any) -> None:
-    """SIGTERM handler: unwind like Ctrl-C so running commands are killed."""
-    raise Terminated()
-
-
 def cli() -> None:
     """The program's entry point: SIGTERM unwinds like Ctrl-C, main's result is the exit status."""
-    signal.signal(signal.SIGTERM, raise_terminated)
+    def terminated(signum: int, frame: Any) -> None:
+        raise Terminated()
+    signal.signal(signal.SIGTERM, terminated)
     sys.exit(main())
 
 
