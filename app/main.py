@@ -782,7 +782,7 @@ TOOL_NAMES = tuple(tool.name for tool in TOOLS)
 
 def parse_arguments(raw: Any) -> dict:
     """A tool call's arguments as a dict; ValueError says why they are not a JSON object."""
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
+    if raw is None or (isinstance(raw, str) and raw.strip() in ("", "null")):
         return {}
     value = raw
     for _ in range(3):  # an object, its JSON text, or that text JSON-encoded once more
@@ -1127,7 +1127,7 @@ CUT_OFF = ("Error: this tool call was cut off because the reply reached the outp
            "was run. Make smaller calls (for example, write a large file in several parts).")
 
 
-def ask(cfg: Config, messages: list[dict], specs: list[dict], model: Callable[[dict], dict],
+def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: Callable[[dict], dict],
         emit: Callable[[dict], None]) -> dict:
     """One reply from the model, shrinking the conversation when it no longer fits."""
     shrinks = 0
@@ -1153,10 +1153,11 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
         emit({"type": "tool_call", "id": call["id"], "name": name, "arguments": arguments})
         started = time.monotonic()
         try:
-            content = CUT_OFF if cut and not isinstance(parse_arguments(arguments), dict) else None
+            if cut:
+                parse_arguments(arguments)  # a call cut off mid-arguments is not valid JSON
+            content = run_tool_call(call, tools, ctx)
         except ValueError:
             content = CUT_OFF
-        content = content or run_tool_call(call, tools, ctx)
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
         emit({"type": "tool_result", "id": call["id"], "name": name, "arguments": arguments, "content": content,
               "is_error": content.startswith("Error:"), "seconds": time.monotonic() - started})
@@ -1180,7 +1181,7 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
     """Ask the model, run its tool calls, and repeat until it answers without tool calls or a limit is hit."""
     specs, seen_ids = [tool.spec() for tool in tools.values()], set()
     for turn in range(1, cfg.max_turns + 1):
-        response = ask(cfg, messages, specs, model, emit)
+        response = request_reply(cfg, messages, specs, model, emit)
         usage.add(response.get("usage"))
         choice = first_choice(response)
         message = assistant_message(choice["message"], turn, seen_ids)
@@ -1477,12 +1478,15 @@ class Session:
         self.agent = Agent(cfg, env, self.reporter, confirm=None if cfg.yes else self.confirm)
 
     def read_line(self, prompt: str) -> str:
-        """A line from the user with readline editing; the prompt never goes to a redirected stdout."""
-        if self.streams.stdout.isatty():
+        """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
+        self.streams.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+        try:
             return input(prompt)
-        self.streams.stderr.write(prompt)
-        self.streams.stderr.flush()
-        return input()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
 
     def confirm(self, tool: str, args: dict) -> bool:
         """Ask once before a command or a file change runs: y, n, or a (always, for this tool)."""

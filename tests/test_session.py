@@ -20,17 +20,17 @@ from tests.fake_openrouter import call, reply
 class Terminal:
     """The program on a pty that is its controlling terminal, so Ctrl-C and Ctrl-D work as typed."""
 
-    def __init__(self, cwd, env):
+    def __init__(self, cwd, env, stdout=None):
         master, slave = pty.openpty()
 
         def own_terminal() -> None:
             os.setsid()
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-        self.proc = subprocess.Popen([str(PROGRAM)], cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave,
-                                     preexec_fn=own_terminal, close_fds=True)
+        self.proc = subprocess.Popen([str(PROGRAM)], cwd=cwd, env=env, stdin=slave, stdout=stdout or slave,
+                                     stderr=slave, preexec_fn=own_terminal, close_fds=True)
         os.close(slave)
-        self.master, self.seen = master, ""
+        self.master, self.seen, self.transcript = master, "", ""
 
     def expect(self, pattern: str, timeout: float = 15) -> str:
         """Read until the pattern shows; return everything read up to and including it."""
@@ -40,7 +40,9 @@ class Terminal:
             if left <= 0 or not select.select([self.master], [], [], left)[0]:
                 raise AssertionError(f"{pattern!r} never showed; screen:\n{self.seen}")
             try:
-                self.seen += os.read(self.master, 4096).decode(errors="replace")
+                chunk = os.read(self.master, 4096).decode(errors="replace")
+                self.seen += chunk
+                self.transcript += chunk
             except OSError:
                 raise AssertionError(f"{pattern!r} never showed before exit; screen:\n{self.seen}") from None
         done, self.seen = self.seen[: match.end()], self.seen[match.end():]
@@ -59,9 +61,9 @@ class Terminal:
 def terminal(workspace):
     terminals = []
 
-    def start(server) -> Terminal:
+    def start(server, stdout=None) -> Terminal:
         env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "TERM": "dumb"}
-        terminals.append(Terminal(workspace, env))
+        terminals.append(Terminal(workspace, env, stdout))
         return terminals[-1]
 
     yield start
@@ -173,3 +175,18 @@ def test_commands_help_cost_model_clear(serve, terminal):
     term.expect("anthropic/claude-haiku-other sees 1")
     term.send("/exit\r")
     assert term.wait() == 0
+
+
+def test_prompts_go_to_the_terminal_and_answers_to_a_redirected_stdout(serve, terminal, tmp_path):
+    server = serve(lambda body: reply(f"answer {len(user_turns(body))}"))
+    with open(tmp_path / "answers.txt", "w") as out:
+        term = terminal(server, stdout=out)
+        term.expect("> ")
+        term.send("one\r")
+        term.expect("> ")
+        term.send("two\r")
+        term.expect("> ")
+        term.send("\x04")
+        assert term.wait() == 0
+    assert (tmp_path / "answers.txt").read_text() == "answer 1\nanswer 2\n"
+    assert "answer" not in term.transcript and term.transcript.count("> ") == 3
