@@ -32,6 +32,7 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import email.utils
 import fnmatch
@@ -73,6 +74,7 @@ LIST_LIMIT = 100  # entries Glob and Grep list before saying they stopped
 EDIT_MAX_BYTES = 20_000_000  # Edit holds the whole file in memory: refuse beyond this
 BASH_TIMEOUT_MS, BASH_MAX_TIMEOUT_MS = 120_000, 600_000
 BACKGROUND_GRACE = 0.3  # seconds to drain output after the shell exits before giving up on it
+SEARCH_SECONDS = 30.0  # Glob and Grep stop here: a huge tree or a runaway regex must not hang the agent
 SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
 SKIP_DIRS = {".git", ".hg", ".svn"}
 SNIFF_BYTES = 8192  # bytes looked at to decide whether a file is text
@@ -144,6 +146,10 @@ class ContextOverflow(ApiError):
 
 class ToolError(Exception):
     """A tool could not do what it was asked; the model reads the message."""
+
+
+class OutOfTime(Exception):
+    """A search ran past its time limit (deliberately not an OSError, which searches skip)."""
 
 
 class Terminated(BaseException):
@@ -494,6 +500,27 @@ def search_root(ctx: ToolContext, path: str | None) -> Path:
     return root
 
 
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise OutOfTime after `seconds`, even inside a regex match; in the main thread only."""
+    def expire(signum: int, frame: Any) -> None:
+        raise OutOfTime
+    try:
+        previous = signal.signal(signal.SIGALRM, expire)
+    except ValueError:  # not the main thread: no limit
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+STOPPED = f"[search stopped after {SEARCH_SECONDS:g} s; narrow the path, glob or pattern]"
+
+
 def tool_glob(ctx: ToolContext, pattern: str, path: str | None = None) -> str:
     """List files matching a glob pattern (`**` for any depth), newest first."""
     root = search_root(ctx, path)
@@ -501,15 +528,17 @@ def tool_glob(ctx: ToolContext, pattern: str, path: str | None = None) -> str:
         raise ToolError("pattern must be relative; put the folder in path")
     if not root.is_dir():
         raise ToolError(f"{path} is not a folder")
-    found = []
-    for match in root.glob(pattern):
-        if SKIP_DIRS.isdisjoint(match.relative_to(root).parts) and match.is_file():
-            found.append(match)
-            if len(found) >= 20 * LIST_LIMIT:
-                break
-    if not found:
-        return "No files found"
-    return newest_listing(ctx, found, LIST_LIMIT)
+    found, note = [], ""
+    try:
+        with time_limit(SEARCH_SECONDS):
+            for match in root.glob(pattern):
+                if SKIP_DIRS.isdisjoint(match.relative_to(root).parts) and match.is_file():
+                    found.append(match)
+                    if len(found) >= 20 * LIST_LIMIT:
+                        break
+    except OutOfTime:
+        note = "\n" + STOPPED
+    return (newest_listing(ctx, found, LIST_LIMIT) if found else "No files found") + note
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -583,27 +612,30 @@ def tool_grep(
     limit = head_limit if head_limit and head_limit > 0 else LIST_LIMIT * (5 if output_mode == "content" else 1)
     rows: list[str] = []
     matched: list[Path] = []
-    for file in files:
-        try:
-            if output_mode == "files_with_matches":
-                if any(hit for *_, hit in grep_file(file, regex, 0, 0)):
-                    matched.append(file)
-            elif output_mode == "count":
-                if count := sum(hit for *_, hit in grep_file(file, regex, 0, 0)):
-                    rows.append(f"{shown(ctx, file)}:{count}")
-            else:
-                lines = grep_file(file, regex, B or C, A or C)
-                rows.extend(itertools.islice(content_rows(shown(ctx, file), lines, n, bool(A or B or C)), limit + 1 - len(rows)))
-        except OSError:
-            continue
-        if len(rows) > limit:
-            break
+    notes = []
+    try:
+        with time_limit(SEARCH_SECONDS):
+            for file in files:
+                try:
+                    if output_mode == "files_with_matches":
+                        if any(hit for *_, hit in grep_file(file, regex, 0, 0)):
+                            matched.append(file)
+                    elif output_mode == "count":
+                        if count := sum(hit for *_, hit in grep_file(file, regex, 0, 0)):
+                            rows.append(f"{shown(ctx, file)}:{count}")
+                    else:
+                        found = content_rows(shown(ctx, file), grep_file(file, regex, B or C, A or C), n, bool(A or B or C))
+                        rows.extend(itertools.islice(found, limit + 1 - len(rows)))
+                except OSError:
+                    continue
+                if len(rows) > limit:
+                    notes.append("[more results not shown; narrow the search or raise head_limit]")
+                    break
+    except OutOfTime:
+        notes.append(STOPPED)
     if matched:
-        return newest_listing(ctx, matched, limit)
-    if not rows:
-        return "No matches found"
-    more = ["[more results not shown; narrow the search or raise head_limit]"] if len(rows) > limit else []
-    return "\n".join(rows[:limit] + more)
+        rows = [newest_listing(ctx, matched, limit)]
+    return "\n".join(rows[:limit] + notes) if rows else "\n".join(["No matches found", *notes])
 
 
 # --- Skills ---------------------------------------------------------------------------------------
@@ -911,7 +943,8 @@ def build_request(cfg: Config, messages: list[dict], specs: list[dict]) -> dict:
 
 def encode(body: dict) -> bytes:
     """The request body on the wire; one encoding so equal conversations give equal bytes."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    # "replace": lone surrogates (file names that are not UTF-8, odd model output) must not crash a turn
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", errors="replace")
 
 
 def first_choice(response: dict) -> dict:
@@ -1585,6 +1618,8 @@ def cli() -> None:
     def terminated(signum: int, frame: Any) -> None:
         raise Terminated()
     signal.signal(signal.SIGTERM, terminated)
+    for stream in (sys.stdout, sys.stderr):  # text that is not valid UTF-8 must not crash the printing
+        stream.reconfigure(errors="replace")
     sys.exit(main())
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -182,3 +183,17 @@ def test_json_request_bodies_round_trip(serve, run, workspace):
     server = serve(lambda body: reply("ok"))
     run(["-p", "ünïcödé ✓"], cwd=workspace, base_url=server.url)
     assert json.loads(server.raw[0])["messages"][1]["content"] == "ünïcödé ✓"
+
+
+def test_file_names_that_are_not_utf8_do_not_break_a_turn(serve, run, workspace):
+    os.close(os.open(bytes(workspace) + b"/caf\xe9.txt", os.O_CREAT | os.O_WRONLY))  # a Latin-1 name
+
+    def model(body):
+        if last(body)["role"] == "user":
+            return reply(tool_calls=[call("Glob", {"pattern": "*.txt"})])
+        return reply(tool_results(body)[0])
+
+    server = serve(model)
+    result = run(["-p", "list"], cwd=workspace, base_url=server.url)
+    assert result.code == 0 and result.stdout.startswith("caf") and "Traceback" not in result.stderr
+    assert tool_results(server.bodies[1])[0] == "caf?.txt"

@@ -322,3 +322,13 @@ def test_fifos_are_refused_or_skipped_never_waited_on(ctx, tmp_path):
     assert call_tool(ctx, "Edit", file_path="pipe", old_string="a", new_string="b") == "Error: pipe is not a regular file"
     assert call_tool(ctx, "Grep", pattern="needle") == "a.txt"
     assert call_tool(ctx, "Grep", pattern="needle", output_mode="count") == "a.txt:1"
+
+
+def test_a_runaway_regex_or_search_stops_at_the_time_limit(ctx, tmp_path, monkeypatch):
+    monkeypatch.setattr(agent, "SEARCH_SECONDS", 1.0)
+    monkeypatch.setattr(agent, "STOPPED", "[search stopped after 1 s; narrow the path, glob or pattern]")
+    (tmp_path / "a.txt").write_text("a" * 60 + "b\n")
+    started = time.monotonic()
+    out = call_tool(ctx, "Grep", pattern="(a+)+$")
+    assert time.monotonic() - started < 5
+    assert out == "No matches found\n[search stopped after 1 s; narrow the path, glob or pattern]"
