@@ -23,7 +23,7 @@ Environment:
 Exit codes:
     0    the model answered
     1    API or runtime error (one line on stderr says which)
-    2    usage error (bad flag or value, no prompt)
+    2    usage error (bad flag or value, no prompt, OPENROUTER_API_KEY not set)
     3    a limit was reached (--max-turns, --max-cost)
     130  interrupted (Ctrl-C)
     143  terminated (SIGTERM)
@@ -1300,25 +1300,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if arg in ("-p", "--print"):
             argv[i: i + 2] = [f"--print={argv[i + 1]}"]
             break
-    parser = Parser(prog="your_program.sh", description="solo: a coding agent in one file.",
-                    epilog="Exit codes: 0 ok, 1 API or runtime error, 2 usage, 3 limit reached, "
-                           "130 interrupted, 143 terminated.")
+    parser = Parser(prog="your_program.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
+                    description="solo: a coding agent in one file. With -p it answers one prompt; with piped "
+                                "stdin the text is the prompt (or, with -p, its context); on a terminal it "
+                                "starts a session.",
+                    epilog="Environment:" + (__doc__ or "").partition("Environment:")[2])
     add = parser.add_argument
     add("-p", "--print", dest="prompt", metavar="PROMPT", help="answer this prompt and exit")
-    add("--model", help=f"model name (default $OPENROUTER_MODEL or {DEFAULT_MODEL})")
+    add("--model", metavar="NAME", help=f"model name (default $OPENROUTER_MODEL or {DEFAULT_MODEL})")
     add("--output-format", choices=("text", "json", "stream-json"), default="text",
         help="text: the answer only; json: one result object; stream-json: one event per line")
     add("-v", "--verbose", action="store_true", help="trace tool calls and usage on stderr")
-    add("--max-turns", type=positive(int), default=100, help="stop after N model requests (exit 3)")
-    add("--max-cost", type=positive(float), help="stop once the run has cost this many USD (exit 3)")
-    add("--allowed-tools", "--allowedTools", default="", help="only these tools (comma or space separated)")
-    add("--disallowed-tools", "--disallowedTools", default="", help="never these tools")
-    add("--append-system-prompt", default="", help="text added to the end of the system prompt")
+    add("--max-turns", metavar="N", type=positive(int), default=100, help="stop after N model requests (exit 3)")
+    add("--max-cost", metavar="USD", type=positive(float), help="stop once the run has cost this many USD (exit 3)")
+    add("--allowed-tools", "--allowedTools", metavar="TOOLS", default="", help="only these tools (comma or space separated)")
+    add("--disallowed-tools", "--disallowedTools", metavar="TOOLS", default="", help="never these tools")
+    add("--append-system-prompt", metavar="TEXT", default="", help="text added to the end of the system prompt")
     add("--trace", metavar="FILE", help="write every request, reply and tool call as JSON lines")
-    add("--connect-timeout", type=positive(float), help="seconds to connect to the API (default 10)")
-    add("--read-timeout", type=positive(float), help="seconds to wait for a reply (default 300)")
+    add("--connect-timeout", metavar="S", type=positive(float), help="seconds to connect to the API (default 10)")
+    add("--read-timeout", metavar="S", type=positive(float), help="seconds to wait for a reply (default 300)")
     add("--no-cache", action="store_true", help="do not ask Anthropic models to cache the prompt")
-    add("--pass-env", default="", help="secret-looking variables commands may still see")
+    add("--pass-env", metavar="NAMES", default="", help="secret-looking variables commands may still see")
     add("--yes", "-y", action="store_true", help="session: run commands and edits without asking")
     add("--version", action="store_true", help="print the version and exit")
     return parser.parse_args(argv)
