@@ -49,8 +49,9 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import requests
 
@@ -1011,7 +1012,7 @@ def retry_after(value: str | None) -> float | None:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError):
             return None
-        seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+        seconds = (when - datetime.datetime.now(datetime.UTC)).total_seconds()
     return max(0.0, min(seconds, RETRY_AFTER_CAP))
 
 
@@ -1553,7 +1554,7 @@ class Session:
 
     def run(self) -> int:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C at an empty prompt."""
-        import readline  # noqa: F401  (line editing and history for input())
+        import readline
         messages = self.agent.conversation()
         self.reporter.say(f"solo {VERSION}, model {self.cfg.model}. /help for commands, Ctrl-D to leave.")
         while True:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fake_openrouter import FakeOpenRouter, call, reply  # noqa: E402
+from tests.fake_openrouter import FakeOpenRouter, call, reply
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM, PYTHON = ROOT / "your_program.sh", ROOT / ".venv" / "bin" / "python"
@@ -128,8 +128,7 @@ def memory(workspace: Path) -> dict[str, tuple[int, int]]:
     if not big.exists() or big.stat().st_size < 1 << 30:
         line = b"the quick brown fox jumps over the lazy dog 0123456789\n" * 1000
         with open(big, "wb") as f:
-            for _ in range((1 << 30) // len(line) + 1):
-                f.write(line)
+            f.writelines(line for _ in range((1 << 30) // len(line) + 1))
     cases = {"idle (answer at once)": lambda body: reply("ok"),
              "Read of a 1 GB file": one_call("Read", {"file_path": "big.txt"}),
              "Bash printing 1 GB": one_call("Bash", {"command": "yes | head -c 1073741824"})}

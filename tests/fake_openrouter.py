@@ -12,10 +12,11 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # OpenAI's published request schema (MIT, see its $comment), copied from shared/schemas so the
 # tests stand alone in any clone.
@@ -77,11 +78,11 @@ class FakeOpenRouter:
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/api/v1"
 
-    def __enter__(self) -> "FakeOpenRouter":
+    def __enter__(self) -> FakeOpenRouter:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -59,6 +58,7 @@ def test_verbose_traces_on_stderr_and_keeps_stdout_clean(serve, run, workspace):
 def piped(server, workspace, args, text):
     """Run the program with `text` piped to its stdin."""
     import os
+
     from tests.conftest import PROGRAM
     env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
     return subprocess.run([str(PROGRAM), *args], input=text, capture_output=True, text=True, cwd=workspace, env=env)
