@@ -47,7 +47,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -354,7 +353,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Replace a file's bytes all at once (temp file in the same folder, then rename), keeping its mode."""
     target = path.resolve() if path.is_symlink() else path
     mode = target.stat().st_mode & 0o7777 if target.exists() else None
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -969,7 +968,7 @@ def assistant_message(message: dict, turn: int, seen_ids: set[str]) -> dict:
     for index, call in enumerate(calls):
         call = dict(call) if isinstance(call, dict) else {}
         if not isinstance(call.get("id"), str) or not call["id"] or call["id"] in seen_ids:
-            call["id"] = f"call_{turn}_{index}_{uuid.uuid4().hex[:8]}"
+            call["id"] = f"call_{turn}_{index}_{os.urandom(4).hex()}"
         seen_ids.add(call["id"])
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
         arguments = function.get("arguments")
@@ -1373,7 +1372,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         cache=not (args.no_cache or env.get("SOLO_NO_CACHE", "") not in ("", "0")),
         pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))),
         yes=args.yes,
-        home=Path(home) if home else None, session_id=str(uuid.uuid4()),
+        home=Path(home) if home else None, session_id=f"solo-{os.urandom(16).hex()}",  # uuid costs start-up
     )
 
 

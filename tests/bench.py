@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fake_openrouter import FakeOpenRouter, call, reply
+from tests.fake_openrouter import FakeOpenRouter, call, reply, tool_then
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM, PYTHON = ROOT / "your_program.sh", ROOT / ".venv" / "bin" / "python"
@@ -72,21 +72,18 @@ def peak_rss(args: list[str], server: FakeOpenRouter, workspace: Path) -> int:
 
 
 def startup(workspace: Path) -> tuple[float, float]:
-    """Median seconds from spawn to first request: the agent, and a bare requests.post script."""
-    agent, floor = [], []
-    for _ in range(RUNS):
-        with FakeOpenRouter(lambda body: reply("ok"), validate=False) as server:
-            server.times.clear()
-            start = time.monotonic()
-            proc = subprocess.Popen([str(PROGRAM), "-p", "hi"], cwd=workspace, env=env_for(server, workspace),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            proc.wait()
-            agent.append(server.times[0] - start)
-            start = time.monotonic()
-            subprocess.run([str(PYTHON), "-c", FLOOR_START, server.url], cwd=workspace, check=True,
-                           stdout=subprocess.DEVNULL, env=env_for(server, workspace))
-            floor.append(server.times[1] - start)
-    return statistics.median(agent), statistics.median(floor)
+    """Median seconds from spawn to first request: the agent, and a bare requests.post script, interleaved."""
+    commands = {"agent": lambda url: [str(PROGRAM), "-p", "hi"], "floor": lambda url: [str(PYTHON), "-c", FLOOR_START, url]}
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    with FakeOpenRouter(lambda body: reply("ok"), validate=False) as server:
+        for run in range(3 * RUNS + 1):  # the first round only warms the caches
+            for name, command in commands.items():
+                seen, start = len(server.times), time.monotonic()
+                subprocess.run(command(server.url), cwd=workspace, env=env_for(server, workspace), check=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                if run:
+                    times[name].append(server.times[seen] - start)
+    return statistics.median(times["agent"]), statistics.median(times["floor"])
 
 
 def session_model(turns: int):
@@ -114,14 +111,6 @@ def per_turn(workspace: Path, turns: int = 200) -> tuple[float, float, int]:
     return statistics.median(agent), statistics.median(floor), largest
 
 
-def one_call(name: str, args: dict):
-    def model(body):
-        if body["messages"][-1]["role"] == "user":
-            return reply(tool_calls=[call(name, args)])
-        return reply("done")
-    return model
-
-
 def memory(workspace: Path) -> dict[str, tuple[int, int]]:
     """Peak RSS in MB (and the largest request body) idle, reading a 1 GB file, and a command printing 1 GB."""
     big = workspace / "big.txt"
@@ -130,8 +119,8 @@ def memory(workspace: Path) -> dict[str, tuple[int, int]]:
         with open(big, "wb") as f:
             f.writelines(line for _ in range((1 << 30) // len(line) + 1))
     cases = {"idle (answer at once)": lambda body: reply("ok"),
-             "Read of a 1 GB file": one_call("Read", {"file_path": "big.txt"}),
-             "Bash printing 1 GB": one_call("Bash", {"command": "yes | head -c 1073741824"})}
+             "Read of a 1 GB file": tool_then([call("Read", {"file_path": "big.txt"})], "done"),
+             "Bash printing 1 GB": tool_then([call("Bash", {"command": "yes | head -c 1073741824"})], "done")}
     results = {}
     for label, model in cases.items():
         peaks, largest = [], 0

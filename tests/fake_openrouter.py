@@ -56,6 +56,20 @@ def reply(content: str | None = None, tool_calls: list | None = None, finish_rea
     }
 
 
+def tool_then(calls: list, answer: Any) -> Callable[[dict], dict]:
+    """A model that makes these tool calls first, then answers: a text, or a function of the request."""
+    def model(body: dict) -> dict:
+        if body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=calls)
+        return reply(answer(body) if callable(answer) else answer)
+    return model
+
+
+def last_result(body: dict) -> str:
+    """The content of the request's last message (a tool result, after tool calls)."""
+    return body["messages"][-1]["content"]
+
+
 def load_validator():
     """A Draft 2020-12 validator for request bodies."""
     import jsonschema  # a test dependency; the benchmark runs without validation

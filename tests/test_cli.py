@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from app import main as agent
-from tests.fake_openrouter import call, reply
+from tests.fake_openrouter import call, last_result, reply, tool_then
 
 
 def tool_then_answer(body):
@@ -95,11 +95,7 @@ def test_tool_choice(serve, run, workspace, flags, advertised):
 
 
 def test_a_disallowed_tool_cannot_be_called(serve, run, workspace):
-    def model(body):
-        if body["messages"][-1]["role"] == "user":
-            return reply(tool_calls=[call("Bash", {"command": "touch hacked"})])
-        return reply(body["messages"][-1]["content"])
-    server = serve(model)
+    server = serve(tool_then([call("Bash", {"command": "touch hacked"})], last_result))
     result = run(["-p", "x", "--disallowed-tools", "Bash"], cwd=workspace, base_url=server.url)
     assert result.stdout.startswith("Error: no tool called Bash") and not (workspace / "hacked").exists()
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.fake_openrouter import call, reply
+from tests.fake_openrouter import call, last_result, reply, tool_then
 
 
 def last(body: dict) -> dict:
@@ -51,12 +51,7 @@ def test_prints_a_file_exactly(serve, run, workspace):
     content = "first line\n  second `line` with \"quotes\"\n\nlast line"
     (workspace / "notes.txt").write_text(content)
 
-    def model(body):
-        if last(body)["role"] == "user":
-            return reply(tool_calls=[call("Read", {"file_path": "notes.txt"})])
-        return reply(tool_results(body)[0])
-
-    server = serve(model)
+    server = serve(tool_then([call("Read", {"file_path": "notes.txt"})], last_result))
     result = run(["-p", "Print the exact content of notes.txt"], cwd=workspace, base_url=server.url)
     assert result.code == 0 and result.stdout.rstrip() == content.rstrip()
 
@@ -83,12 +78,8 @@ def test_follows_a_readme_to_a_value(serve, run, workspace):
 
 
 def test_creates_a_file_in_a_new_folder(serve, run, workspace):
-    def model(body):
-        if last(body)["role"] == "user":
-            return reply(tool_calls=[call("Write", {"file_path": "out/deep/hello.py", "content": "print('hi')\n"})])
-        return reply("Created the file.")
-
-    server = serve(model)
+    server = serve(tool_then([call("Write", {"file_path": "out/deep/hello.py", "content": "print('hi')\n"})],
+                             "Created the file."))
     result = run(["-p", "Create out/deep/hello.py"], cwd=workspace, base_url=server.url)
     assert result.code == 0 and (workspace / "out/deep/hello.py").read_text() == "print('hi')\n"
     assert tool_results(server.bodies[1])[0].startswith("Created out/deep/hello.py")
@@ -118,10 +109,7 @@ def test_parallel_calls_with_one_failing_are_all_answered_in_order(serve, run, w
     calls = [call("Read", {"file_path": "a.txt"}, id="c1"), call("Read", {"file_path": "missing.txt"}, id="c2"),
              call("Bash", {"command": "echo BBB"}, id="c3")]
 
-    def model(body):
-        return reply(tool_calls=calls) if last(body)["role"] == "user" else reply("done")
-
-    server = serve(model)
+    server = serve(tool_then(calls, "done"))
     result = run(["-p", "Read both"], cwd=workspace, base_url=server.url)
     assert (result.code, result.stdout) == (0, "done\n")
     messages = server.bodies[1]["messages"]
@@ -140,10 +128,7 @@ def test_parallel_calls_with_one_failing_are_all_answered_in_order(serve, run, w
     (call("Write", {"file_path": "app", "content": "x"}), "Error: app is a directory"),
 ])
 def test_bad_calls_come_back_as_errors_and_the_run_goes_on(serve, run, workspace, bad_call, expected):
-    def model(body):
-        return reply(tool_calls=[bad_call]) if last(body)["role"] == "user" else reply("recovered")
-
-    server = serve(model)
+    server = serve(tool_then([bad_call], "recovered"))
     result = run(["-p", "try"], cwd=workspace, base_url=server.url)
     assert (result.code, result.stdout) == (0, "recovered\n")
     assert tool_results(server.bodies[1])[0].startswith(expected)
@@ -188,12 +173,7 @@ def test_json_request_bodies_round_trip(serve, run, workspace):
 def test_file_names_that_are_not_utf8_do_not_break_a_turn(serve, run, workspace):
     os.close(os.open(bytes(workspace) + b"/caf\xe9.txt", os.O_CREAT | os.O_WRONLY))  # a Latin-1 name
 
-    def model(body):
-        if last(body)["role"] == "user":
-            return reply(tool_calls=[call("Glob", {"pattern": "*.txt"})])
-        return reply(tool_results(body)[0])
-
-    server = serve(model)
+    server = serve(tool_then([call("Glob", {"pattern": "*.txt"})], last_result))
     result = run(["-p", "list"], cwd=workspace, base_url=server.url)
     assert result.code == 0 and result.stdout.startswith("caf") and "Traceback" not in result.stderr
     assert tool_results(server.bodies[1])[0] == "caf?.txt"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import PROGRAM
-from tests.fake_openrouter import call, reply
+from tests.fake_openrouter import call, last_result, reply, tool_then
 
 
 class Terminal:
@@ -94,11 +94,7 @@ def test_two_turns_share_context_and_ctrl_d_exits_0(serve, terminal):
 
 
 def test_a_confirmation_answered_n_runs_nothing(serve, terminal, workspace):
-    def model(body):
-        if body["messages"][-1]["role"] == "user":
-            return reply(tool_calls=[call("Bash", {"command": "touch made"})])
-        return reply("result: " + body["messages"][-1]["content"][:40])
-    server = serve(model)
+    server = serve(tool_then([call("Bash", {"command": "touch made"})], lambda body: "result: " + last_result(body)))
     term = terminal(server)
     term.expect("> ")
     term.send("make a file\r")

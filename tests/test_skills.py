@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app import main as agent
-from tests.fake_openrouter import call, reply
+from tests.fake_openrouter import call, last_result, reply, tool_then
 
 
 @pytest.mark.parametrize("text, fields, body", [
@@ -180,11 +180,7 @@ def test_model_invokes_the_matching_skill_not_the_decoy(serve, run, skills_works
 
 
 def test_skill_tool_errors_for_an_unknown_name(serve, run, skills_workspace):
-    def model(body):
-        if body["messages"][-1]["role"] == "user":
-            return reply(tool_calls=[call("Skill", {"name": "nope"})])
-        return reply(body["messages"][-1]["content"])
-    server = serve(model)
+    server = serve(tool_then([call("Skill", {"name": "nope"})], last_result))
     assert run(["-p", "x"], cwd=skills_workspace, base_url=server.url).stdout.startswith("Error: no skill called nope")
 
 
