@@ -1395,7 +1395,7 @@ class Reporter:
     def __init__(self, cfg: Config, streams: Streams, *, interactive: bool = False):
         self.cfg, self.streams, self.interactive, self.turns = cfg, streams, interactive, 0
         try:
-            self.trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
+            self.trace = open(cfg.trace_path, "a", encoding="utf-8", errors="replace") if cfg.trace_path else None
         except OSError as error:
             raise UsageError(f"cannot open the trace file: {error}") from None
         self.showing = False  # the 'thinking' note is on the terminal
