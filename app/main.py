@@ -242,10 +242,13 @@ class Tool(NamedTuple):
         }
 
 
-def resolve(ctx: ToolContext, file_path: str) -> Path:
+def resolve(ctx: ToolContext, file_path: str, *, must_exist: bool = False) -> Path:
     """A path from the model, relative to the working directory unless absolute."""
     path = Path(os.path.expanduser(file_path))
-    return path if path.is_absolute() else ctx.cwd / path
+    path = path if path.is_absolute() else ctx.cwd / path
+    if must_exist and not path.exists():
+        raise missing_file(ctx, file_path, path)
+    return path
 
 
 def walk_files(root: Path, limit: int = 50_000) -> Iterator[Path]:
@@ -280,11 +283,9 @@ def missing_file(ctx: ToolContext, file_path: str, path: Path) -> ToolError:
 
 def existing_file(ctx: ToolContext, file_path: str) -> Path:
     """The resolved path of a file that must exist and not be a directory."""
-    path = resolve(ctx, file_path)
+    path = resolve(ctx, file_path, must_exist=True)
     if path.is_dir():
         raise ToolError(f"{file_path} is a directory, not a file; use Bash with ls or Glob to list it")
-    if not path.exists():
-        raise missing_file(ctx, file_path, path)
     if not path.is_file():  # a FIFO or a device could block forever or never end
         raise ToolError(f"{file_path} is not a regular file")
     return path
@@ -492,14 +493,6 @@ def newest_listing(ctx: ToolContext, paths: list[Path], limit: int) -> str:
     return "\n".join(lines)
 
 
-def search_root(ctx: ToolContext, path: str | None) -> Path:
-    """The folder (or file) a search starts from."""
-    root = resolve(ctx, path or ".")
-    if not root.exists():
-        raise missing_file(ctx, path or ".", root)
-    return root
-
-
 @contextlib.contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
     """Raise OutOfTime after `seconds`, even inside a regex match; in the main thread only."""
@@ -523,7 +516,7 @@ STOPPED = f"[search stopped after {SEARCH_SECONDS:g} s; narrow the path, glob or
 
 def tool_glob(ctx: ToolContext, pattern: str, path: str | None = None) -> str:
     """List files matching a glob pattern (`**` for any depth), newest first."""
-    root = search_root(ctx, path)
+    root = resolve(ctx, path or ".", must_exist=True)
     if os.path.isabs(pattern):
         raise ToolError("pattern must be relative; put the folder in path")
     if not root.is_dir():
@@ -606,7 +599,7 @@ def tool_grep(
         regex = re.compile(pattern, re.IGNORECASE if i else 0)
     except re.error as error:
         raise ToolError(f"invalid regular expression {pattern!r}: {error}") from None
-    root = search_root(ctx, path)
+    root = resolve(ctx, path or ".", must_exist=True)
     wanted = glob_matcher(glob, root if root.is_dir() else root.parent)
     files = [root] if root.is_file() else (p for p in walk_files(root) if wanted(p))
     limit = head_limit if head_limit and head_limit > 0 else LIST_LIMIT * (5 if output_mode == "content" else 1)
