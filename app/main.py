@@ -1199,7 +1199,7 @@ def final_answer(message: dict, finish: Any, emit: Callable[[dict], None]) -> st
         raise ApiError("the provider's content filter stopped the reply" + (f": {one_line(text, 100)}" if text else ""))
     if finish == "length":
         emit({"type": "notice", "text": "the answer was cut off at the model's output token limit"})
-    return text
+    return text.strip("\n")  # models often open with blank lines; exact-output callers compare the text
 
 
 def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict], tools: dict[str, Tool],

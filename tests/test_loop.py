@@ -138,3 +138,9 @@ def test_content_parts_are_joined_into_the_answer(tmp_path):
     parts = [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]
     outcome, *_ = run(scripted(reply(parts)), tmp_path)
     assert outcome.answer == "two parts"
+
+
+def test_blank_lines_around_the_answer_are_dropped_but_indentation_kept(tmp_path):
+    outcome, messages, *_ = run(scripted(reply("\n\n  indented\nanswer\n\n")), tmp_path)
+    assert outcome.answer == "  indented\nanswer"
+    assert messages[-1]["content"] == "\n\n  indented\nanswer\n\n"  # the conversation keeps it as it came
