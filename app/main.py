@@ -1615,7 +1615,13 @@ def cli() -> None:
     signal.signal(signal.SIGTERM, terminated)
     for stream in (sys.stdout, sys.stderr):  # text that is not valid UTF-8 must not crash the printing
         stream.reconfigure(errors="replace")
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`| head`): say nothing more, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = code or EXIT_ERROR
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -155,3 +155,13 @@ def test_api_key_is_redacted_from_errors(tmp_path, monkeypatch):
     code = agent.main(["-p", "x"], env={"OPENROUTER_API_KEY": key, "OPENROUTER_BASE_URL": f"http://127.0.0.1:9/{key}",
                                         "SOLO_MAX_ATTEMPTS": "1"}, streams=agent.Streams(None, out, err))
     assert code == 1 and key not in err.getvalue() and "***" in err.getvalue()
+
+
+def test_a_reader_that_leaves_early_gets_no_noise(serve, workspace):
+    import os
+    from tests.conftest import PROGRAM
+    server = serve(lambda body: reply("y" * 2_000_000))
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
+    proc = subprocess.run(f"'{PROGRAM}' -p hi | head -c 5", shell=True, cwd=workspace, env=env, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    assert proc.stdout == "yyyyy" and proc.stderr == ""
