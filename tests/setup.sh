@@ -13,11 +13,10 @@ prepare() {
   deps=$(python3 -c 'import sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 print(" ".join(project["dependencies"] + project["optional-dependencies"]["test"]))' "$here/pyproject.toml")
-  if command -v uv >/dev/null 2>&1; then
-    uv venv --quiet --allow-existing --python python3 "$venv"
-    uv pip install --quiet --python "$venv/bin/python" $deps
-  else
-    python3 -m venv "$venv"
+  # uv when present (fast); pip when there is no uv or uv fails (say, on a proxy it does not trust)
+  if ! { command -v uv >/dev/null 2>&1 && uv venv --quiet --allow-existing --python python3 "$venv" &&
+         uv pip install --quiet --python "$venv/bin/python" $deps; }; then
+    python3 -m venv --clear "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check $deps
   fi
   touch "$venv/.ready"
