@@ -331,3 +331,19 @@ def test_a_runaway_regex_or_search_stops_at_the_time_limit(ctx, tmp_path, monkey
     out = call_tool(ctx, "Grep", pattern="(a+)+$")
     assert time.monotonic() - started < 5
     assert out == "No matches found\n[search stopped after 1 s; narrow the path, glob or pattern]"
+
+
+@pytest.mark.parametrize("tool, args", [
+    ("Write", {"file_path": "keep.txt", "content": "new content"}),
+    ("Edit", {"file_path": "keep.txt", "old_string": "original", "new_string": "changed"}),
+])
+def test_a_write_that_fails_midway_leaves_the_file_whole(ctx, tmp_path, monkeypatch, tool, args):
+    (tmp_path / "keep.txt").write_text("original text\n")
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(agent.os, "fsync", disk_full)
+    assert call_tool(ctx, tool, **args) == "Error: [Errno 28] No space left on device"
+    assert (tmp_path / "keep.txt").read_text() == "original text\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
