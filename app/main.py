@@ -576,7 +576,7 @@ def grep_file(path: Path, regex: re.Pattern, before: int, after: int) -> Iterato
                 window.append((number, line[:GREP_LINE_LIMIT], False))
 
 
-def content_rows(label: str, lines: Iterator[tuple[int, str, bool]], numbered: bool, gaps: bool) -> Iterator[str]:
+def content_rows(label: str, lines: Iterator[tuple[int, str, bool]], numbered: bool, *, gaps: bool) -> Iterator[str]:
     """Grep's content rows for one file, ripgrep style: ':' on matches, '-' on context, '--' on gaps."""
     last = None
     for number, line, hit in lines:
@@ -585,6 +585,23 @@ def content_rows(label: str, lines: Iterator[tuple[int, str, bool]], numbered: b
         sep = ":" if hit else "-"
         yield f"{label}{sep}{number}{sep}{line}" if numbered else f"{label}{sep}{line}"
         last = number
+
+
+def findings(ctx: ToolContext, files: Iterator[Path], regex: re.Pattern, mode: str, before: int, after: int,
+             numbered: bool) -> Iterator[Any]:
+    """Grep's findings file by file: matching files (Paths), 'path:count' rows, or content rows."""
+    for file in files:
+        try:
+            if mode == "content":
+                lines = grep_file(file, regex, before, after)
+                yield from content_rows(shown(ctx, file), lines, numbered, gaps=bool(before or after))
+            elif mode == "count":
+                if count := sum(hit for *_, hit in grep_file(file, regex, 0, 0)):
+                    yield f"{shown(ctx, file)}:{count}"
+            elif any(hit for *_, hit in grep_file(file, regex, 0, 0)):
+                yield file
+        except OSError:  # unreadable: skip it
+            continue
 
 
 def tool_grep(
@@ -601,34 +618,22 @@ def tool_grep(
         raise ToolError(f"invalid regular expression {pattern!r}: {error}") from None
     root = resolve(ctx, path or ".", must_exist=True)
     wanted = glob_matcher(glob, root if root.is_dir() else root.parent)
-    files = [root] if root.is_file() else (p for p in walk_files(root) if wanted(p))
+    files = iter([root]) if root.is_file() else (p for p in walk_files(root) if wanted(p))
     limit = head_limit if head_limit and head_limit > 0 else LIST_LIMIT * (5 if output_mode == "content" else 1)
-    rows: list[str] = []
-    matched: list[Path] = []
+    found: list[Any] = []
     notes = []
     try:
         with time_limit(SEARCH_SECONDS):
-            for file in files:
-                try:
-                    if output_mode == "files_with_matches":
-                        if any(hit for *_, hit in grep_file(file, regex, 0, 0)):
-                            matched.append(file)
-                    elif output_mode == "count":
-                        if count := sum(hit for *_, hit in grep_file(file, regex, 0, 0)):
-                            rows.append(f"{shown(ctx, file)}:{count}")
-                    else:
-                        found = content_rows(shown(ctx, file), grep_file(file, regex, B or C, A or C), n, bool(A or B or C))
-                        rows.extend(itertools.islice(found, limit + 1 - len(rows)))
-                except OSError:
-                    continue
-                if len(rows) > limit:
+            for item in findings(ctx, files, regex, output_mode, B or C, A or C, n):
+                found.append(item)
+                if output_mode != "files_with_matches" and len(found) > limit:  # files: all, to sort by age
                     notes.append("[more results not shown; narrow the search or raise head_limit]")
                     break
     except OutOfTime:
         notes.append(STOPPED)
-    if matched:
-        rows = [newest_listing(ctx, matched, limit)]
-    return "\n".join(rows[:limit] + notes) if rows else "\n".join(["No matches found", *notes])
+    if output_mode == "files_with_matches" and found:
+        found = [newest_listing(ctx, found, limit)]
+    return "\n".join([*found[:limit], *notes] if found else ["No matches found", *notes])
 
 
 # --- Skills ---------------------------------------------------------------------------------------
