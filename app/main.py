@@ -1232,9 +1232,10 @@ class Agent:
     def __init__(self, cfg: Config, env: dict[str, str], emit: Callable[[dict], None], *,
                  confirm: Callable[[str, dict], bool] | None = None, sleep: Callable[[float], None] = time.sleep):
         self.cfg, self.emit, self.usage = cfg, emit, Usage()
-        self.model = ModelClient(cfg, log=lambda text: emit({"type": "notice", "text": text}), sleep=sleep)
-        folders = [cfg.cwd] + ([cfg.home] if cfg.home else [])
-        self.skills = discover_skills(folders, lambda text: emit({"type": "notice", "text": text}))
+        def notice(text: str) -> None:
+            emit({"type": "notice", "text": text})
+        self.model = ModelClient(cfg, log=notice, sleep=sleep)
+        self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
         self.ctx = ToolContext(cfg.cwd, command_env(env, cfg.pass_env), self.skills, confirm, self.fork)
 
@@ -1506,7 +1507,7 @@ class Session:
     """An interactive session on a terminal: prompts on stderr, answers on stdout."""
 
     def __init__(self, cfg: Config, env: dict[str, str], streams: Streams):
-        self.cfg, self.env, self.streams, self.always = cfg, env, streams, set()
+        self.streams, self.always = streams, set()
         self.reporter = Reporter(cfg, streams, interactive=True)
         self.agent = Agent(cfg, env, self.reporter, confirm=None if cfg.yes else self.confirm)
 
@@ -1553,7 +1554,7 @@ class Session:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C at an empty prompt."""
         import readline
         messages = self.agent.conversation()
-        self.reporter.say(f"solo {VERSION}, model {self.cfg.model}. /help for commands, Ctrl-D to leave.")
+        self.reporter.say(f"solo {VERSION}, model {self.agent.cfg.model}. /help for commands, Ctrl-D to leave.")
         while True:
             try:
                 line = self.read_line("> ").strip()

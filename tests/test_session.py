@@ -51,6 +51,12 @@ class Terminal:
     def send(self, text: str) -> None:
         os.write(self.master, text.encode())
 
+    def ask(self, line: str, answer: str) -> None:
+        """Type a line, wait for the answer and the next prompt."""
+        self.send(line + "\r")
+        self.expect(answer)
+        self.expect("> ")
+
     def wait(self, timeout: float = 10) -> int:
         code = self.proc.wait(timeout)
         os.close(self.master)
@@ -64,6 +70,7 @@ def terminal(workspace):
     def start(server, stdout=None) -> Terminal:
         env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "TERM": "dumb"}
         terminals.append(Terminal(workspace, env, stdout))
+        terminals[-1].expect("> ")  # the session is up and waiting
         return terminals[-1]
 
     yield start
@@ -80,13 +87,8 @@ def user_turns(body) -> list[str]:
 def test_two_turns_share_context_and_ctrl_d_exits_0(serve, terminal):
     server = serve(lambda body: reply(f"answer {len(user_turns(body))}"))
     term = terminal(server)
-    term.expect("> ")
-    term.send("first question\r")
-    term.expect("answer 1")
-    term.expect("> ")
-    term.send("second question\r")
-    term.expect("answer 2")
-    term.expect("> ")
+    term.ask("first question", "answer 1")
+    term.ask("second question", "answer 2")
     assert user_turns(server.bodies[1]) == ["first question", "second question"]
     assert server.bodies[1]["messages"][2] == {"role": "assistant", "content": "answer 1"}
     term.send("\x04")
@@ -96,7 +98,6 @@ def test_two_turns_share_context_and_ctrl_d_exits_0(serve, terminal):
 def test_a_confirmation_answered_n_runs_nothing(serve, terminal, workspace):
     server = serve(tool_then([call("Bash", {"command": "touch made"})], lambda body: "result: " + last_result(body)))
     term = terminal(server)
-    term.expect("> ")
     term.send("make a file\r")
     term.expect(r"Allow Bash: touch made\? \[y/n/a\] ")
     term.send("n\r")
@@ -114,7 +115,6 @@ def test_always_answer_stops_asking(serve, terminal, workspace):
         return reply("both made")
     server = serve(model)
     term = terminal(server)
-    term.expect("> ")
     term.send("go\r")
     term.expect(r"\[y/n/a\] ")
     term.send("a\r")
@@ -133,7 +133,6 @@ def test_ctrl_c_cancels_a_turn_and_returns_to_the_prompt(serve, terminal, worksp
         return reply(f"quick answer to {text}; {len(body['messages'])} messages")
     server = serve(model)
     term = terminal(server)
-    term.expect("> ")
     term.send("slow\r")
     term.expect(r"\[y/n/a\] ")
     term.send("y\r")
@@ -156,19 +155,12 @@ def test_ctrl_c_cancels_a_turn_and_returns_to_the_prompt(serve, terminal, worksp
 def test_commands_help_cost_model_clear(serve, terminal):
     server = serve(lambda body: reply(f"{body['model']} sees {len(user_turns(body))}"))
     term = terminal(server)
-    term.expect("> ")
-    term.send("/help\r")
-    term.expect("/clear")
-    term.send("hello\r")
-    term.expect("anthropic/claude-haiku-4.5 sees 1")
-    term.send("/cost\r")
-    term.expect(r"1 requests, 100 prompt tokens .*\$0\.0010")
-    term.send("/model anthropic/claude-haiku-other\r")
-    term.expect("model: anthropic/claude-haiku-other")
-    term.send("/clear\r")
-    term.expect("new conversation")
-    term.send("again\r")
-    term.expect("anthropic/claude-haiku-other sees 1")
+    term.ask("/help", "/clear")
+    term.ask("hello", "anthropic/claude-haiku-4.5 sees 1")
+    term.ask("/cost", r"1 requests, 100 prompt tokens .*\$0\.0010")
+    term.ask("/model anthropic/claude-haiku-other", "model: anthropic/claude-haiku-other")
+    term.ask("/clear", "new conversation")
+    term.ask("again", "anthropic/claude-haiku-other sees 1")
     term.send("/exit\r")
     assert term.wait() == 0
 
@@ -177,7 +169,6 @@ def test_prompts_go_to_the_terminal_and_answers_to_a_redirected_stdout(serve, te
     server = serve(lambda body: reply(f"answer {len(user_turns(body))}"))
     with open(tmp_path / "answers.txt", "w") as out:
         term = terminal(server, stdout=out)
-        term.expect("> ")
         term.send("one\r")
         term.expect("> ")
         term.send("two\r")
