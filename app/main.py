@@ -32,10 +32,13 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import datetime
 import email.utils
-import fnmatch
+import errno
+import heapq
+import io
 import itertools
 import json
 import os
@@ -48,7 +51,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -69,7 +72,8 @@ RESULT_LIMIT = 30_000  # characters of one tool result the model sees (Claude Co
 READ_LIMIT = 60_000  # characters one Read returns; it stops at a line boundary before this
 READ_LINES = 2_000  # lines one Read returns by default
 LINE_LIMIT = 2_000  # characters of one line Read keeps
-GREP_LINE_LIMIT = 500  # characters of one matching line Grep keeps
+GREP_LINE_LIMIT = 500  # characters of one matching line Grep shows
+GREP_PIECE, GREP_OVERLAP = 1 << 20, 4096  # Grep searches long lines in pieces this long, overlapping this much
 LIST_LIMIT = 100  # entries Glob and Grep list before saying they stopped
 EDIT_MAX_BYTES = 20_000_000  # Edit holds the whole file in memory: refuse beyond this
 BASH_TIMEOUT_MS, BASH_MAX_TIMEOUT_MS = 120_000, 600_000
@@ -88,6 +92,7 @@ STATUS_HINTS = {
 }
 BACKOFF_BASE, BACKOFF_CAP = 1.0, 30.0  # seconds: first retry wait, longest single wait
 RETRY_AFTER_CAP, TOTAL_WAIT_CAP = 60.0, 180.0  # seconds: longest Retry-After honoured, all waits
+MODEL_LIST_SECONDS = 86_400  # the model list (context windows, prices) is asked again after a day
 SHRINK_ATTEMPTS = 3  # times the conversation is shrunk after a context-length refusal
 STUB_MIN_CHARS = 400  # tool results shorter than this are not worth replacing with a stub
 
@@ -99,8 +104,8 @@ class Config(NamedTuple):
     cwd: Path
     base_url: str = DEFAULT_BASE_URL
     model: str = DEFAULT_MODEL
-    max_turns: int = 100  # model requests per conversation before stopping with exit 3
-    max_cost: float | None = None  # USD across the run, from usage.cost; None means no limit
+    max_turns: int | None = None  # model requests per prompt before stopping with exit 3; None: no limit
+    max_cost: float | None = None  # USD across the run, from usage.cost (or estimated); None: no limit
     connect_timeout: float = 10.0
     read_timeout: float = 300.0  # long replies with big tool calls can take minutes
     max_attempts: int = 6  # per request, for transient failures
@@ -113,7 +118,8 @@ class Config(NamedTuple):
     pass_env: tuple[str, ...] = ()  # secret-looking variables commands may still see
     yes: bool = False  # interactive session: run commands and edits without asking
     home: Path | None = None  # for ~/.claude/skills
-    session_id: str = ""
+    solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: the model-list cache (None: nothing kept)
+    session_id: str = ""  # sent as the x-session-id header: OpenRouter keeps the provider (and its cache)
 
 
 # --- Errors ---------------------------------------------------------------------------------------
@@ -153,7 +159,11 @@ class OutOfTime(Exception):
 
 
 class Terminated(BaseException):
-    """SIGTERM arrived; unwinds like KeyboardInterrupt so running commands are killed."""
+    """SIGTERM or SIGHUP arrived; unwinds like KeyboardInterrupt so running commands are killed."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.exit_code = 128 + signum
 
 
 # --- Bounded output -------------------------------------------------------------------------------
@@ -201,6 +211,85 @@ class HeadTail:
         return head.decode(errors="replace") + middle + tail.decode(errors="replace")
 
 
+# --- Processes and signals ------------------------------------------------------------------------
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, so a child started inside is never orphaned."""
+    caught: list[int] = []
+    try:
+        saved = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in STOP_SIGNALS}
+    except ValueError:  # not the main thread, which is where signals are handled
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        for sig in caught[:1]:  # delivered now, to the caller, who knows the child by now
+            handler = saved[sig]
+            if callable(handler):
+                handler(sig, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(sig)
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send a signal to a process group (0 only asks); False when no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def drain(fd: int, sink: HeadTail, seconds: float) -> bool:
+    """Copy what a pipe holds into sink for up to `seconds`; True once every writer has closed it."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return True
+        sink.feed(chunk)
+    return False
+
+
+class Leftovers:
+    """Pipes that background processes still hold open: one thread drains them all, at most `cap` kept."""
+
+    def __init__(self, cap: int = 16):
+        self.cap, self.fds, self.lock, self.running = cap, deque(), threading.Lock(), False
+
+    def add(self, fd: int) -> None:
+        """Take over a pipe; the oldest is closed (its writers get EPIPE) when there are too many."""
+        with self.lock:
+            self.fds.append(fd)
+            if not self.running:
+                self.running = True
+                threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self) -> None:
+        """Discard what arrives on the pipes, closing each when its writers are gone."""
+        while True:
+            with self.lock:
+                while len(self.fds) > self.cap:
+                    os.close(self.fds.popleft())
+                if not self.fds:
+                    self.running = False
+                    return
+                fds = list(self.fds)
+            for fd in select.select(fds, [], [], 0.5)[0]:
+                if not os.read(fd, 1 << 16):
+                    with self.lock:
+                        self.fds.remove(fd)
+                    os.close(fd)
+
+
 # --- Tools ----------------------------------------------------------------------------------------
 
 
@@ -222,6 +311,7 @@ class ToolContext(NamedTuple):
     skills: dict[str, Skill] = {}  # never mutated
     confirm: Callable[[str, dict], bool] | None = None  # asks the user before a change; None: allowed
     fork: Callable[[str], str] | None = None  # runs a skill body as a sub-agent, returns its answer
+    leftovers: Leftovers | None = None  # takes pipes that background processes hold; None: close them
 
 
 class Tool(NamedTuple):
@@ -247,17 +337,17 @@ def resolve(ctx: ToolContext, file_path: str, *, must_exist: bool = False) -> Pa
     path = Path(os.path.expanduser(file_path))
     path = path if path.is_absolute() else ctx.cwd / path
     if must_exist and not path.exists():
+        if path.is_symlink():
+            raise ToolError(f"{file_path} is a symbolic link that loops or points nowhere ({os.readlink(path)})")
         raise missing_file(ctx, file_path, path)
     return path
 
 
-def walk_files(root: Path, limit: int = 50_000) -> Iterator[Path]:
-    """Regular files under root, skipping version-control folders, at most `limit` of them."""
-    def walk() -> Iterator[Path]:
-        for folder, dirs, files in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-            yield from (Path(folder, name) for name in sorted(files) if os.path.isfile(os.path.join(folder, name)))
-    return itertools.islice(walk(), limit)
+def walk_files(root: Path, errors: list[OSError] | None = None) -> Iterator[Path]:
+    """Regular files under root, sorted, skipping version-control folders; unreadable folders go to `errors`."""
+    for folder, dirs, files in os.walk(root, onerror=None if errors is None else errors.append):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        yield from (Path(folder, name) for name in sorted(files) if os.path.isfile(os.path.join(folder, name)))
 
 
 def shown(ctx: ToolContext, path: Path) -> str:
@@ -271,7 +361,7 @@ def shown(ctx: ToolContext, path: Path) -> str:
 def missing_file(ctx: ToolContext, file_path: str, path: Path) -> ToolError:
     """The error for a path that does not exist, naming close names that do."""
     import difflib  # only on this error path: it costs start-up time
-    names = [shown(ctx, p) for p in walk_files(ctx.cwd, 5_000)]
+    names = [shown(ctx, p) for p in itertools.islice(walk_files(ctx.cwd), 5_000)]
     by_name: dict[str, str] = {}
     for name in names:
         by_name.setdefault(os.path.basename(name), name)
@@ -291,33 +381,75 @@ def existing_file(ctx: ToolContext, file_path: str) -> Path:
     return path
 
 
-def looks_binary(sample: bytes) -> bool:
-    """True for data that is not text: NUL bytes, or mostly control or undecodable bytes."""
+class Encoding(NamedTuple):
+    """A text file's encoding: a codec and the byte-order mark it starts with, kept when the file is written."""
+
+    codec: str = "utf-8"
+    bom: bytes = b""
+
+    def decode(self, data: bytes) -> str:
+        """The file's text; bytes that are not UTF-8 survive a round trip as surrogates."""
+        return data[len(self.bom):].decode(self.codec, "surrogateescape" if self.codec == "utf-8" else "strict")
+
+    def encode(self, text: str, file_path: str) -> bytes:
+        """Bytes for the file in its own encoding; ToolError when the text does not fit it."""
+        try:
+            return self.bom + text.encode(self.codec, "surrogateescape" if self.codec == "utf-8" else "strict")
+        except UnicodeEncodeError as error:
+            raise ToolError(f"{file_path} is {self.codec} text and the new text has characters it cannot hold "
+                            f"({error.object[error.start:error.end]!r}); the file was left as is") from None
+
+
+UTF8 = Encoding()
+BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
+        (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+
+
+def sniff_encoding(sample: bytes) -> Encoding | None:
+    """A file's encoding from its first bytes: its BOM's, else UTF-8, else Latin-1; None for binary data."""
+    for bom, codec in BOMS:
+        if sample.startswith(bom):
+            return Encoding(codec, bom)
     if b"\0" in sample:
-        return True
-    text = sample.decode("utf-8", errors="replace")
-    odd = sum(1 for ch in text if ch == "\ufffd" or (ch < " " and ch not in "\t\n\r\f\b\x1b"))
-    return odd > max(8, len(text) // 10)
+        return None
+    encoding = UTF8
+    try:
+        text = sample.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.reason == "unexpected end of data":  # the sample ends mid-character
+            text = sample[: error.start].decode("utf-8", "replace")
+        else:
+            text, encoding = sample.decode("latin-1"), Encoding("latin-1")
+    odd = sum(1 for ch in text if (ch < " " and ch not in "\t\n\r\f\b\x1b") or "\x7f" <= ch < "\xa0")
+    return None if odd > max(8, len(text) // 10) else encoding
 
 
-def bounded_lines(f, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
-    """Lines of a binary file, each cut to max_bytes (the rest skipped), as (line, was_cut)."""
-    while line := f.readline(max_bytes):
-        cut = not line.endswith(b"\n") and len(line) == max_bytes
+def open_text(path: Path) -> tuple[Any, Encoding | None]:
+    """A file opened as text in its own encoding with line endings kept; the encoding is None for binary data."""
+    f = open(path, "rb")
+    encoding = sniff_encoding(f.read(SNIFF_BYTES))
+    f.seek(len(encoding.bom) if encoding else 0)
+    return io.TextIOWrapper(f, encoding.codec if encoding else "latin-1", errors="replace", newline=""), encoding
+
+
+def bounded_lines(f, size: int) -> Iterator[tuple[str, bool]]:
+    """Lines of a text file, each cut to `size` characters (the rest skipped), as (line, was_cut)."""
+    while line := f.readline(size):
+        cut = not line.endswith("\n") and len(line) == size
         if cut:
-            while (rest := f.readline(1 << 16)) and not rest.endswith(b"\n"):
+            while (rest := f.readline(1 << 16)) and not rest.endswith("\n"):
                 pass
-            line += b"\n" if rest else b""
+            line += "\n" if rest else ""
         yield line, cut
 
 
 def count_lines(f) -> int:
     """Lines from the file's position to its end, counted in fixed-size chunks."""
-    count, last = 0, b"\n"
+    count, last = 0, "\n"
     while chunk := f.read(1 << 20):
-        count += chunk.count(b"\n")
+        count += chunk.count("\n")
         last = chunk[-1:]
-    return count + (last != b"\n")
+    return count + (last != "\n")
 
 
 def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = READ_LINES) -> str:
@@ -325,35 +457,34 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     path = existing_file(ctx, file_path)
     if offset < 1 or limit < 1:
         raise ToolError("offset and limit must be at least 1")
-    with open(path, "rb") as f:
-        sample = f.read(SNIFF_BYTES)
-        if not sample:
-            return f"(the file {file_path} is empty)"
-        if looks_binary(sample):
+    f, encoding = open_text(path)
+    with f:
+        if encoding is None:
             raise ToolError(f"{file_path} is a binary file ({path.stat().st_size} bytes); Read shows text only")
-        f.seek(0)
-        parts, size, number = [], 0, 0
-        for number, (line, cut) in enumerate(bounded_lines(f, LINE_LIMIT * 4), start=1):
+        parts, size, number, more = [], 0, 0, ""
+        for number, (line, cut) in enumerate(bounded_lines(f, LINE_LIMIT + 2), start=1):
             if number < offset:
                 continue
-            text = line.decode("utf-8", errors="replace")
-            if cut or len(text) > LINE_LIMIT + 1:
-                text = text[:LINE_LIMIT] + f" [line cut at {LINE_LIMIT} characters]\n"
-            if number >= offset + limit or size + len(text) > READ_LIMIT:
+            if cut or len(line.rstrip("\r\n")) > LINE_LIMIT:
+                line = line[:LINE_LIMIT] + f" [line cut at {LINE_LIMIT} characters]\n"
+            if number >= offset + limit or size + len(line) > READ_LIMIT:
                 total = number + count_lines(f)
-                more = f"[Showing lines {offset}-{number - 1} of {total}. Use offset={number} to read on.]"
-                return "".join(parts) + "\n" + more
-            parts.append(text)
-            size += len(text)
+                more = f"\n[Showing lines {offset}-{number - 1} of {total}. Use offset={number} to read on.]"
+                break
+            parts.append(line)
+            size += len(line)
+    if number == 0:
+        return f"(the file {file_path} is empty)"
     if number < offset:
         raise ToolError(f"offset {offset} is past the end of {file_path} ({number} lines)")
-    return "".join(parts)
+    if encoding.codec != "utf-8" or encoding.bom:
+        more += f"\n[{file_path} is {encoding.codec} text{' with a byte-order mark' * bool(encoding.bom)}, shown " \
+                "decoded; Edit and Write keep that encoding]"
+    return "".join(parts) + more
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace a file's bytes all at once (temp file in the same folder, then rename), keeping its mode."""
-    target = path.resolve() if path.is_symlink() else path
-    mode = target.stat().st_mode & 0o7777 if target.exists() else None
+def replace_file(target: Path, data: bytes, mode: int | None) -> None:
+    """Swap in new bytes all at once: a temp file beside the target, then a rename."""
     tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
@@ -369,24 +500,68 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def overwrite(target: Path, data: bytes) -> None:
+    """Write new bytes into the same file (hard links, bind mounts, owner kept), putting the old back on failure."""
+    with open(target, "r+b") as f:
+        old = f.read() if os.fstat(f.fileno()).st_size <= EDIT_MAX_BYTES else None
+        try:
+            os.posix_fallocate(f.fileno(), 0, max(1, len(data)))  # a full disk fails here, before any change
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        try:
+            f.seek(0)
+            f.write(data)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
+        except BaseException:
+            if old is not None:
+                with contextlib.suppress(OSError):
+                    f.seek(0)
+                    f.write(old)
+                    f.truncate()
+                    f.flush()
+            raise
+
+
+def write_file(path: Path, data: bytes, file_path: str) -> None:
+    """Replace a file's bytes atomically where a rename keeps the same file, else in place; errors name the path."""
+    target = path.resolve()
+    try:
+        st = target.stat() if target.exists() else None
+        if st is None or (st.st_nlink == 1 and (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())):
+            try:
+                return replace_file(target, data, st and st.st_mode & 0o7777)
+            except OSError as error:  # a bind-mounted file, or a folder we may not write to
+                if st is None or error.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EXDEV):
+                    raise
+        overwrite(target, data)
+    except OSError as error:
+        raise ToolError(f"cannot write {file_path}: {error.strerror or error}") from None
+
+
 def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
-    """Create or overwrite a file atomically, creating its folders."""
+    """Create or overwrite a file atomically, creating its folders and keeping an existing file's encoding."""
     path = resolve(ctx, file_path)
     if path.is_dir():
         raise ToolError(f"{file_path} is a directory; give a file path")
-    existed = path.exists()
+    existed, encoding = path.is_file(), UTF8
+    if existed:
+        with open(path, "rb") as f:
+            encoding = sniff_encoding(f.read(SNIFF_BYTES)) or UTF8
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise ToolError(f"cannot create {file_path}: a parent of it is a file, not a folder") from None
-    data = content.encode("utf-8")
-    atomic_write(path, data)
-    lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    data = encoding.encode(content, file_path)
+    write_file(path, data, file_path)
+    lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
     return f"{'Updated' if existed else 'Created'} {file_path} ({len(data)} bytes, {lines} line{'s' * (lines != 1)})"
 
 
 def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
-    """Replace an exact, unique string in a text file, keeping its line endings."""
+    """Replace an exact, unique string in a text file, keeping its encoding and line endings."""
     path = existing_file(ctx, file_path)
     if old_string == new_string:
         raise ToolError("old_string and new_string are the same; there is nothing to change")
@@ -395,15 +570,17 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     if path.stat().st_size > EDIT_MAX_BYTES:
         raise ToolError(f"{file_path} is larger than {EDIT_MAX_BYTES} bytes; edit it with Bash instead")
     raw = path.read_bytes()
+    encoding = sniff_encoding(raw[:SNIFF_BYTES])
     try:
-        text = raw.decode("utf-8")
+        text = encoding.decode(raw) if encoding else "\0"
     except UnicodeDecodeError:
-        raise ToolError(f"{file_path} is not UTF-8 text; editing it could corrupt it, so it was left as is") from None
+        raise ToolError(f"{file_path} is not valid {encoding.codec} text; it was left as is") from None
     if "\0" in text:
         raise ToolError(f"{file_path} is a binary file; it was left as is")
     old, new = old_string, new_string
-    if old not in text and "\r\n" in text and "\n" in old:  # the model wrote LF for a CRLF file
+    if text.count("\r\n") * 2 > text.count("\n"):  # a CRLF file: new lines take its ending
         old, new = (t.replace("\r\n", "\n").replace("\n", "\r\n") for t in (old_string, new_string))
+        old = old if old in text else old_string
     count = text.count(old)
     if count == 0:
         raise ToolError(f"old_string was not found in {file_path}; Read the file and copy the text exactly")
@@ -413,7 +590,7 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
             "or set replace_all to change every one"
         )
     updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
-    atomic_write(path, updated.encode("utf-8"))
+    write_file(path, encoding.encode(updated, file_path), file_path)
     replaced = count if replace_all else 1
     return f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}"
 
@@ -427,70 +604,44 @@ def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, 
     return {name: value for name, value in env.items() if not secret(name)}
 
 
-def signal_group(pgid: int, sig: int) -> bool:
-    """Send a signal to a process group (0 only asks); False when no process of it is left."""
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def pump(fd: int, sink: HeadTail) -> None:
-    """Copy a pipe into a bounded buffer until every writer has closed it."""
-    try:
-        while chunk := os.read(fd, 1 << 16):
-            sink.feed(chunk)
-    finally:
-        os.close(fd)
-
-
 def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) -> str:
     """Run a command with bash in its own process group; return its output and exit code."""
     timeout = min(timeout, BASH_MAX_TIMEOUT_MS) if timeout > 0 else BASH_TIMEOUT_MS
-    out = HeadTail(RESULT_LIMIT // 2 - 200)  # room for the notes below within one result
+    out, notes, proc = HeadTail(RESULT_LIMIT // 2 - 200), [], None  # room for the notes within one result
     read_fd, write_fd = os.pipe()
     try:
-        proc = subprocess.Popen(
-            ["bash", "-c", command], cwd=ctx.cwd, env=ctx.env, stdin=subprocess.DEVNULL,
-            stdout=write_fd, stderr=write_fd, start_new_session=True,
-        )
-    except OSError as error:
-        os.close(read_fd)
-        raise ToolError(f"could not start bash: {error}") from None
-    finally:
+        with signals_held():  # a stop signal is taken only once the command is known, so it is always killed
+            proc = subprocess.Popen(["bash", "-c", command], cwd=ctx.cwd, env=ctx.env, stdin=subprocess.DEVNULL,
+                                    stdout=write_fd, stderr=write_fd, start_new_session=True)
         os.close(write_fd)
-    reader = threading.Thread(target=pump, args=(read_fd, out), daemon=True)
-    reader.start()
-    notes = []
-    try:
-        code = proc.wait(timeout=timeout / 1000)
-    except subprocess.TimeoutExpired:
-        signal_group(proc.pid, signal.SIGKILL)
-        code = proc.wait()
-        notes.append(f"[timed out after {timeout} ms; the command and its children were killed]")
-    except BaseException:  # Ctrl-C or SIGTERM: take the command down with us
-        signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
+        deadline, closed = time.monotonic() + timeout / 1000, False
+        while not closed and proc.poll() is None and (left := deadline - time.monotonic()) > 0:
+            closed = drain(read_fd, out, min(left, 0.1))
+        try:
+            code = proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            signal_group(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+            notes.append(f"[timed out after {timeout} ms; the command and its children were killed]")
+        closed = closed or drain(read_fd, out, BACKGROUND_GRACE)
+    except OSError as error:
+        raise ToolError(f"could not run bash: {error}") from None
+    except BaseException:  # Ctrl-C, SIGTERM or SIGHUP: take the command down with us
+        if proc:
+            signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
         raise
-    reader.join(BACKGROUND_GRACE)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(write_fd)
+        if proc is None or closed or not ctx.leftovers:
+            os.close(read_fd)
+    if not closed and ctx.leftovers:
+        ctx.leftovers.add(read_fd)
     if signal_group(proc.pid, 0):
         notes.append(f"[the shell exited; background processes are still running (process group {proc.pid})]")
     text = out.text()
     return (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join([*notes, f"[exit code {code}]"])
-
-
-def newest_listing(ctx: ToolContext, paths: list[Path], limit: int) -> str:
-    """Paths newest first, one per line, cut to `limit` with a note saying how many were left out."""
-    def age(p: Path) -> tuple[float, str]:
-        try:
-            return (-p.stat().st_mtime, str(p))
-        except OSError:
-            return (0.0, str(p))
-    lines = [shown(ctx, p) for p in sorted(paths, key=age)[:limit]]
-    if len(paths) > limit:
-        lines.append(f"[{len(paths) - limit} more files not shown; narrow the search]")
-    return "\n".join(lines)
 
 
 @contextlib.contextmanager
@@ -511,7 +662,83 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def glob_regex(pattern: str) -> str:
+    """A glob as a regular expression over '/'-separated paths: '**/' any folders, '*' and '?' within a
+    name, '[...]' classes and '{a,b}' alternatives."""
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if pattern.startswith("**/", i) or pattern.startswith("**", i):
+            out.append("(?:.*/)?" if pattern.startswith("**/", i) else ".*")
+            i += 3 if pattern.startswith("**/", i) else 2
+            continue
+        if ch == "[" and (end := pattern.find("]", i + 2)) > 0:
+            body = pattern[i + 1: end]
+            out.append("[" + ("^" + body[1:] if body[0] in "!^" else body).replace("\\", "\\\\") + "]")
+            i = end
+        elif ch == "{":
+            depth, j, options, start = 0, i, [], i + 1
+            for j in range(i, len(pattern)):
+                depth += {"{": 1, "}": -1}.get(pattern[j], 0)
+                if (pattern[j] == "," and depth == 1) or depth == 0:
+                    options.append(pattern[start:j])
+                    start = j + 1
+                if depth == 0:
+                    break
+            if depth:  # no closing brace: a literal '{'
+                out.append(re.escape(ch))
+            else:
+                out.append("(?:" + "|".join(glob_regex(o) for o in options) + ")")
+                i = j
+        else:
+            out.append({"*": "[^/]*", "?": "[^/]"}.get(ch) or re.escape(ch))
+        i += 1
+    return "".join(out)
+
+
+def glob_matcher(pattern: str, root: Path, *, any_depth: bool) -> tuple[Path, Callable[[Path], bool]]:
+    """Where to start walking and a test on paths under root; `any_depth`: a pattern without '/' matches
+    a name at any depth (Grep's glob, as ripgrep does)."""
+    pattern = pattern.removeprefix("./")
+    if any_depth and "/" not in pattern:
+        pattern = "**/" + pattern
+    regex = re.compile(glob_regex(pattern) + r"\Z", re.DOTALL)
+    fixed = list(itertools.takewhile(lambda part: not re.search(r"[*?\[{]", part), pattern.split("/")[:-1]))
+    return root.joinpath(*fixed), lambda p: regex.match(p.relative_to(root).as_posix()) is not None
+
+
+def newest(ctx: ToolContext, paths: Iterable[Path], limit: int) -> tuple[list[str], int]:
+    """The `limit` most recently changed of some paths, newest first, and how many there were in all."""
+    heap: list[tuple[float, str]] = []
+    total = 0
+    for total, path in enumerate(paths, start=1):
+        try:
+            item = (path.stat().st_mtime, str(path))
+        except OSError:
+            item = (0.0, str(path))
+        if len(heap) < limit:
+            heapq.heappush(heap, item)
+        elif item > heap[0]:
+            heapq.heapreplace(heap, item)
+    return [shown(ctx, Path(p)) for _, p in sorted(heap, key=lambda item: (-item[0], item[1]))], total
+
+
 STOPPED = f"[search stopped after {SEARCH_SECONDS:g} s; narrow the path, glob or pattern]"
+
+
+def timed(items: Iterable, stopped: list[bool]) -> Iterator:
+    """A search's items until its time runs out, which is noted in `stopped`."""
+    with time_limit(SEARCH_SECONDS):
+        try:
+            yield from items
+        except OutOfTime:
+            stopped.append(True)
+
+
+def search_notes(errors: list[OSError], stopped: bool) -> list[str]:
+    """What a search result must say about the places it could not look."""
+    notes = [f"[{len(errors)} files or folders could not be read, e.g. {e.filename}: {e.strerror}]" for e in errors[:1]]
+    return notes + ([STOPPED] if stopped else [])
 
 
 def tool_glob(ctx: ToolContext, pattern: str, path: str | None = None) -> str:
@@ -521,59 +748,55 @@ def tool_glob(ctx: ToolContext, pattern: str, path: str | None = None) -> str:
         raise ToolError("pattern must be relative; put the folder in path")
     if not root.is_dir():
         raise ToolError(f"{path} is not a folder")
-    found, note = [], ""
+    start, wanted = glob_matcher(pattern, root, any_depth=False)
+    errors: list[OSError] = []
+    stopped: list[bool] = []
+    found = timed((p for p in walk_files(start, errors) if wanted(p)), stopped)
     try:
-        with time_limit(SEARCH_SECONDS):
-            for match in root.glob(pattern):
-                if SKIP_DIRS.isdisjoint(match.relative_to(root).parts) and match.is_file():
-                    found.append(match)
-                    if len(found) >= 20 * LIST_LIMIT:
-                        break
-    except OutOfTime:
-        note = "\n" + STOPPED
-    return (newest_listing(ctx, found, LIST_LIMIT) if found else "No files found") + note
+        listed, total = newest(ctx, found, LIST_LIMIT)
+    except OutOfTime:  # the time ran out outside the walk itself: nothing to show
+        listed, total, stopped = [], 0, [True]
+    finally:
+        found.close()
+    if total > LIST_LIMIT:
+        listed.append(f"[{total - LIST_LIMIT} more files not shown ({total} in all); narrow the search]")
+    return "\n".join([*(listed or ["No files found"]), *search_notes(errors, bool(stopped))])
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """'*.{ts,tsx}' as ['*.ts', '*.tsx'] (one level of braces is enough for file globs)."""
-    match = re.search(r"\{([^{}]*)\}", pattern)
-    if not match:
-        return [pattern]
-    head, tail = pattern[: match.start()], pattern[match.end():]
-    return [v for option in match.group(1).split(",") for v in expand_braces(head + option + tail)]
-
-
-def glob_matcher(glob: str | None, root: Path) -> Callable[[Path], bool]:
-    """A test for Grep's `glob` filter: on the name, or on the path when the glob has a '/'."""
-    if not glob:
-        return lambda p: True
-    patterns = expand_braces(glob)
-    def matches(p: Path) -> bool:
-        subject = str(p.relative_to(root)) if "/" in glob else p.name
-        return any(fnmatch.fnmatch(subject, g) or fnmatch.fnmatch(subject, g.removeprefix("**/")) for g in patterns)
-    return matches
+def match_lines(f, regex: re.Pattern) -> Iterator[tuple[int, str, bool]]:
+    """(number, text shown, is_match) for each line of a text file, however long: a line is searched whole
+    in pieces (a match longer than the overlap between pieces can be missed), and shown cut around its match."""
+    for number, piece in enumerate(iter(lambda: f.readline(GREP_PIECE), ""), start=1):
+        found, seen = regex.search(piece.rstrip("\r\n")), piece
+        while not piece.endswith("\n") and len(piece) == GREP_PIECE:
+            tail, piece = piece[-GREP_OVERLAP:], f.readline(GREP_PIECE)
+            if not found and (found := regex.search((tail + piece).rstrip("\r\n"))):
+                seen = tail + piece
+        seen = seen.rstrip("\r\n")
+        at = max(0, found.start() - 100) if found and found.end() > GREP_LINE_LIMIT else 0
+        text = seen[at: at + GREP_LINE_LIMIT]
+        yield number, ("..." if at else "") + text + (" [line cut]" if len(seen) > at + GREP_LINE_LIMIT else ""), bool(found)
 
 
 def grep_file(path: Path, regex: re.Pattern, before: int, after: int) -> Iterator[tuple[int, str, bool]]:
     """(line number, line, is_match) for matching lines and their context; nothing for binary files."""
-    with open(path, "rb") as f:
-        if looks_binary(f.read(SNIFF_BYTES)):
+    f, encoding = open_text(path)
+    with f:
+        if encoding is None:
             return
-        f.seek(0)
         window: deque = deque(maxlen=before)
         trailing = 0
-        for number, (raw, _) in enumerate(bounded_lines(f, GREP_LINE_LIMIT * 4), start=1):
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            if regex.search(line):
+        for number, line, hit in match_lines(f, regex):
+            if hit:
                 yield from window
                 window.clear()
                 trailing = after
-                yield number, line[:GREP_LINE_LIMIT], True
+                yield number, line, True
             elif trailing:
                 trailing -= 1
-                yield number, line[:GREP_LINE_LIMIT], False
+                yield number, line, False
             else:
-                window.append((number, line[:GREP_LINE_LIMIT], False))
+                window.append((number, line, False))
 
 
 def content_rows(label: str, lines: Iterator[tuple[int, str, bool]], numbered: bool, *, gaps: bool) -> Iterator[str]:
@@ -588,7 +811,7 @@ def content_rows(label: str, lines: Iterator[tuple[int, str, bool]], numbered: b
 
 
 def findings(ctx: ToolContext, files: Iterator[Path], regex: re.Pattern, mode: str, before: int, after: int,
-             numbered: bool) -> Iterator[Any]:
+             numbered: bool, errors: list[OSError]) -> Iterator[Any]:
     """Grep's findings file by file: matching files (Paths), 'path:count' rows, or content rows."""
     for file in files:
         try:
@@ -600,8 +823,8 @@ def findings(ctx: ToolContext, files: Iterator[Path], regex: re.Pattern, mode: s
                     yield f"{shown(ctx, file)}:{count}"
             elif any(hit for *_, hit in grep_file(file, regex, 0, 0)):
                 yield file
-        except OSError:  # unreadable: skip it
-            continue
+        except OSError as error:  # unreadable: counted and said
+            errors.append(error)
 
 
 def tool_grep(
@@ -617,38 +840,64 @@ def tool_grep(
     except re.error as error:
         raise ToolError(f"invalid regular expression {pattern!r}: {error}") from None
     root = resolve(ctx, path or ".", must_exist=True)
-    wanted = glob_matcher(glob, root if root.is_dir() else root.parent)
-    files = iter([root]) if root.is_file() else (p for p in walk_files(root) if wanted(p))
+    start, wanted = glob_matcher(glob or "*", root if root.is_dir() else root.parent, any_depth=True)
+    errors: list[OSError] = []
+    files = iter([root]) if root.is_file() else (p for p in walk_files(start, errors) if wanted(p))
     limit = head_limit if head_limit and head_limit > 0 else LIST_LIMIT * (5 if output_mode == "content" else 1)
-    found: list[Any] = []
-    notes = []
+    found, notes, stopped = [], [], []
+    hits = timed(findings(ctx, files, regex, output_mode, B or C, A or C, n, errors), stopped)
     try:
-        with time_limit(SEARCH_SECONDS):
-            for item in findings(ctx, files, regex, output_mode, B or C, A or C, n):
+        if output_mode == "files_with_matches":
+            found, total = newest(ctx, hits, limit)
+            if total > limit:
+                notes.append(f"[{total - limit} more files not shown ({total} in all); narrow the search]")
+        else:
+            for found_count, item in enumerate(hits, start=1):
                 found.append(item)
-                if output_mode != "files_with_matches" and len(found) > limit:  # files: all, to sort by age
+                if found_count > limit:
                     notes.append("[more results not shown; narrow the search or raise head_limit]")
                     break
     except OutOfTime:
-        notes.append(STOPPED)
-    if output_mode == "files_with_matches" and found:
-        found = [newest_listing(ctx, found, limit)]
+        stopped.append(True)
+    finally:
+        hits.close()
+    notes += search_notes(errors, bool(stopped))
     return "\n".join([*found[:limit], *notes] if found else ["No matches found", *notes])
 
 
 # --- Skills ---------------------------------------------------------------------------------------
 
 
-def unquote(value: str) -> str:
-    """A frontmatter value without its surrounding quotes."""
+YAML_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "a": "\a", "b": "\b", "e": "\x1b", "f": "\f", "v": "\v",
+                " ": " ", "_": "\xa0", "N": "\x85", "L": "\u2028", "P": "\u2029"}
+
+
+def yaml_scalar(value: str) -> str:
+    """A YAML flow scalar: double-quoted with escapes, single-quoted, or plain without its '# comment'."""
     value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-        return value[1:-1]
-    return value
+    if quoted := re.match(r'"((?:[^"\\]|\\.)*)"', value):
+        def unescape(match: re.Match) -> str:
+            code = match.group(1)
+            return chr(int(code[1:], 16)) if code[0] in "xuU" and len(code) > 1 else YAML_ESCAPES.get(code, code)
+        return re.sub(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)", unescape, quoted.group(1))
+    if quoted := re.match(r"'((?:[^']|'')*)'", value):
+        return quoted.group(1).replace("''", "'")
+    return re.split(r"\s#", value, maxsplit=1)[0].strip()
+
+
+def block_scalar(indicator: str, lines: list[str]) -> str:
+    """A YAML block scalar ('|' keeps line breaks, '>' folds them; '-' strips the final one)."""
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    indent = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
+    text = "\n".join(line[indent:] for line in lines)
+    if indicator.startswith(">"):
+        text = re.sub(r"(?<!\n)\n(?!\n)", " ", text).replace("\n\n", "\n")
+    return text if "-" in indicator or not text else text + "\n"
 
 
 def parse_frontmatter(text: str) -> tuple[dict[str, str], str]:
-    """Split a SKILL.md into its `key: value` frontmatter and its body; ValueError when malformed."""
+    """Split a SKILL.md into its top-level YAML `key: value` fields and its body; ValueError when malformed."""
     lines = text.lstrip("\ufeff").splitlines()
     if not lines or lines[0].strip() != "---":
         raise ValueError("it does not start with a '---' frontmatter line")
@@ -657,17 +906,21 @@ def parse_frontmatter(text: str) -> tuple[dict[str, str], str]:
     except StopIteration:
         raise ValueError("its frontmatter has no closing '---' line") from None
     fields: dict[str, str] = {}
-    key = None
-    for line in lines[1:end]:
-        if key and line[:1] in (" ", "\t"):  # continuation of a block or folded value
-            fields[key] = (fields[key] + " " + line.strip()).strip()
+    i = 1
+    while i < end:
+        match = re.match(r"([\w.-]+)\s*:(?:\s+(.*))?$", lines[i])
+        i += 1
+        block = []
+        while i < end and (not lines[i].strip() or lines[i][:1] in " \t"):  # the value goes on, indented
+            block.append(lines[i])
+            i += 1
+        if not match:  # a comment or a line that is not a field
             continue
-        name, sep, value = line.partition(":")
-        if not sep or not name.strip() or name.strip().startswith("#"):
-            key = None
-            continue
-        key = name.strip()
-        fields[key] = "" if unquote(value) in ("|", ">", "|-", ">-") else unquote(value)
+        value = (match.group(2) or "").strip()
+        if indicator := re.fullmatch(r"([|>][-+]?)\s*(?:#.*)?", value):
+            fields[match.group(1)] = block_scalar(indicator.group(1), block)
+        else:
+            fields[match.group(1)] = yaml_scalar(" ".join([value, *(line.strip() for line in block if line.strip())]))
     return fields, "\n".join(lines[end + 1:]).strip()
 
 
@@ -676,7 +929,7 @@ def load_skill(file: Path) -> Skill:
     fields, body = parse_frontmatter(file.read_text(encoding="utf-8"))
     if not body:
         raise ValueError("its body is empty")
-    description = fields.get("description") or body.splitlines()[0]
+    description = (fields.get("description") or "").strip() or body.splitlines()[0]
     return Skill(
         name=fields.get("name") or file.parent.name, description=description, body=body,
         folder=file.parent, fork=fields.get("context", "").lower() == "fork",
@@ -693,6 +946,8 @@ def discover_skills(folders: list[Path], warn: Callable[[str], None]) -> dict[st
             except (OSError, UnicodeDecodeError, ValueError) as error:
                 warn(f"skipping skill {file}: {error}")
                 continue
+            if skill.name in skills:
+                warn(f"two skills are called {skill.name}: using {skills[skill.name].folder}, not {skill.folder}")
             skills.setdefault(skill.name, skill)
     return skills
 
@@ -926,16 +1181,46 @@ def system_prompt(cfg: Config, skills: dict[str, Skill]) -> str:
     return "\n\n".join(parts)
 
 
+# The fields of OpenAI's published request schema that messages may carry: strict servers refuse others.
+OPENAI_FIELDS = {"system": {"role", "content", "name"}, "developer": {"role", "content", "name"},
+                 "user": {"role", "content", "name"}, "tool": {"role", "content", "tool_call_id"},
+                 "assistant": {"role", "content", "name", "refusal", "audio", "tool_calls", "function_call"}}
+
+
+def on_loopback(url: str) -> bool:
+    """True for a URL on this machine."""
+    import urllib.parse  # already loaded by requests: free
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def strict_api(base_url: str) -> bool:
+    """False for OpenRouter and servers on this machine (proxies in front of it, local model servers), which
+    take OpenRouter's extra fields; other OpenAI-compatible servers get only the fields of OpenAI's schema."""
+    import urllib.parse
+    host = (urllib.parse.urlsplit(base_url).hostname or "").lower()
+    return not (host == "openrouter.ai" or host.endswith(".openrouter.ai") or on_loopback(base_url))
+
+
+def schema_message(message: dict) -> dict:
+    """A message with only the fields OpenAI's schema allows for its role."""
+    allowed = OPENAI_FIELDS.get(message.get("role"), set(message))
+    message = {k: v for k, v in message.items() if k in allowed}
+    if message.get("tool_calls"):
+        message["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+            "name": c["function"]["name"], "arguments": c["function"]["arguments"]}} for c in message["tool_calls"]]
+    return message
+
+
 def build_request(cfg: Config, messages: list[dict], specs: list[dict]) -> dict:
     """The request body; the growing `messages` go last, so each body starts with the whole previous one."""
     body: dict[str, Any] = {"model": cfg.model}
-    if cfg.session_id:
-        body["session_id"] = cfg.session_id
-    if cfg.cache and cfg.model.lstrip("~").startswith("anthropic/"):  # they cache only when asked
+    strict = strict_api(cfg.base_url)
+    if cfg.cache and not strict and cfg.model.lstrip("~").startswith("anthropic/"):  # they cache only when asked
         body["cache_control"] = {"type": "ephemeral"}
     if specs:
         body["tools"] = specs
-    body["messages"] = messages
+    body["messages"] = [schema_message(m) for m in messages] if strict else messages
     return body
 
 
@@ -998,6 +1283,25 @@ def shrink(messages: list[dict]) -> int:
 # --- The model client (the only HTTP) -------------------------------------------------------------
 
 
+def read_json(path: Path) -> dict:
+    """A JSON object from a file of ours; {} when it is missing or unreadable."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace a file of ours (mode 0600, folders 0700) all at once; a failure only loses a cache."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}")
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+
 def retry_after(value: str | None) -> float | None:
     """Seconds to wait from a Retry-After header (seconds or an HTTP date), capped."""
     if not value:
@@ -1038,7 +1342,8 @@ def is_overflow(status: int, message: str, error: Any) -> bool:
     meta = error.get("metadata") if isinstance(error, dict) and isinstance(error.get("metadata"), dict) else {}
     if meta.get("error_type") == "context_length_exceeded":
         return True
-    pattern = r"context.{0,20}(length|window|limit)|too long|maximum context|too many tokens"
+    pattern = (r"context.{0,20}(length|window|limit|size)|too long|maximum context|too many tokens|"
+               r"exceeds? the (available )?context|reduce the length|prompt is too large")
     return status in (400, 413) and re.search(pattern, message, re.IGNORECASE) is not None
 
 
@@ -1074,16 +1379,22 @@ class ModelClient:
     """Posts requests to OpenRouter over one session, retrying what is transient."""
 
     def __init__(self, cfg: Config, *, log: Callable[[str], None], sleep: Callable[[float], None] = time.sleep):
-        self.cfg, self.log, self.sleep = cfg, log, sleep
+        self.cfg, self.log, self.sleep, self.info = cfg, log, sleep, None
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
         self.session = requests.Session()
+        self.session.auth = self.authorize  # set, so requests never swaps in ~/.netrc's credentials
         self.session.headers.update({
-            "Authorization": f"Bearer {cfg.api_key}",
             "Content-Type": "application/json",
             "HTTP-Referer": APP_URL,
             "X-OpenRouter-Title": APP_TITLE,
             "X-Title": APP_TITLE,
+            **({"x-session-id": cfg.session_id} if cfg.session_id else {}),
         })
+
+    def authorize(self, request: Any) -> Any:
+        """Put the API key on a request (requests' auth hook)."""
+        request.headers["Authorization"] = f"Bearer {self.cfg.api_key}"
+        return request
 
     def post(self, payload: bytes) -> dict:
         """One HTTP exchange: the parsed reply, or ApiError."""
@@ -1093,10 +1404,33 @@ class ModelClient:
         except requests.Timeout:
             raise ApiError(f"no reply within {self.cfg.read_timeout:g} s", retryable=True) from None
         except requests.RequestException as error:
+            if "Connection refused" in str(error) and on_loopback(self.url):  # nothing to wait for
+                raise ApiError(f"could not reach {self.url}: connection refused (is the server running?)") from None
             found = re.search(r"\[Errno -?\d+\][^'\")]*|Connection aborted|Remote end closed[^'\")]*", str(error))
             reason = found.group(0) if found else one_line(str(error), 160)
             raise ApiError(f"could not reach {self.url}: {reason}", retryable=True) from None
         return judge(response.status_code, response.headers, response.content.decode("utf-8", errors="replace"))
+
+    def model_info(self) -> dict:
+        """The model's entry of the API's model list (context_length, top_provider, pricing), kept a day under
+        solo_home; {} when the list is out of reach or lacks the model. Asked at most once a run."""
+        if self.info is None:
+            key, path = f"{self.cfg.base_url} {self.cfg.model}", self.cfg.solo_home and self.cfg.solo_home / "models.json"
+            cache = read_json(path) if path else {}
+            if time.time() - cache.get(key, {}).get("time", 0) < MODEL_LIST_SECONDS:
+                self.info = cache[key]["info"]
+                return self.info
+            try:
+                response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
+                                            timeout=(self.cfg.connect_timeout, 30))
+                entry = next((m for m in response.json()["data"] if m.get("id") == self.cfg.model), {})
+            except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError):
+                self.info = {}
+                return self.info
+            self.info = {k: entry[k] for k in ("context_length", "top_provider", "pricing") if k in entry}
+            if path:
+                write_private(path, json.dumps({**cache, key: {"time": time.time(), "info": self.info}}))
+        return self.info
 
     def __call__(self, body: dict) -> dict:
         """The reply to a request body, after retrying transient failures with jittered backoff."""
@@ -1126,6 +1460,8 @@ class Usage:
         self.requests = self.prompt_tokens = self.completion_tokens = 0
         self.cached_tokens = self.cache_write_tokens = 0
         self.cost: float | None = None  # USD; None until a reply reports it
+        self.unpriced = [0, 0]  # prompt and completion tokens of replies that reported no cost
+        self.estimated = False  # --max-cost has said it estimates
 
     def add(self, usage: Any) -> None:
         """Count one reply's `usage` object."""
@@ -1138,6 +1474,9 @@ class Usage:
                 setattr(self, name, getattr(self, name) + int(source[name]))
         if isinstance(usage.get("cost"), (int, float)):
             self.cost = (self.cost or 0.0) + usage["cost"]
+        else:
+            for i, name in enumerate(("prompt_tokens", "completion_tokens")):
+                self.unpriced[i] += int(usage.get(name) or 0) if isinstance(usage.get(name), (int, float)) else 0
 
     def line(self) -> str:
         """A one-line summary for stderr."""
@@ -1197,21 +1536,42 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
 def final_answer(message: dict, finish: Any, emit: Callable[[dict], None]) -> str:
     """The text of a reply without tool calls; a filtered reply is an error, a cut one a warning."""
     content = message.get("content")
-    if isinstance(content, list):  # some providers send content parts
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    if isinstance(content, list):  # some providers send content parts; odd ones are skipped
+        content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     text = content if isinstance(content, str) else ""
     if finish == "content_filter":
         raise ApiError("the provider's content filter stopped the reply" + (f": {one_line(text, 100)}" if text else ""))
     if finish == "length":
         emit({"type": "notice", "text": "the answer was cut off at the model's output token limit"})
+    if not text.strip():
+        emit({"type": "notice", "text": "the model's answer was empty" + (" (it only reasoned)" * bool(message.get("reasoning")))})
     return text.strip("\n")  # models often open with blank lines; exact-output callers compare the text
 
 
+def spent(cfg: Config, usage: Usage, info: Callable[[], dict], emit: Callable[[dict], None]) -> float:
+    """The run's cost for --max-cost, estimated at the model's list price for replies that reported none."""
+    if not any(usage.unpriced):
+        return usage.cost or 0.0
+    pricing = info().get("pricing") or {}
+    try:
+        price = float(pricing["prompt"]), float(pricing["completion"])
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"--max-cost cannot be enforced: the server reports no cost and no price is known for "
+                         f"{cfg.model}") from None
+    if not usage.estimated:
+        usage.estimated = True
+        emit({"type": "notice", "text": f"the server reports no cost: --max-cost counts tokens at {cfg.model}'s list price"})
+    return (usage.cost or 0.0) + usage.unpriced[0] * price[0] + usage.unpriced[1] * price[1]
+
+
 def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict], tools: dict[str, Tool],
-              ctx: ToolContext, usage: Usage, emit: Callable[[dict], None]) -> Outcome:
+              ctx: ToolContext, usage: Usage, emit: Callable[[dict], None],
+              info: Callable[[], dict] = dict) -> Outcome:
     """Ask the model, run its tool calls, and repeat until it answers without tool calls or a limit is hit."""
     specs, seen_ids = [tool.spec() for tool in tools.values()], set()
-    for turn in range(1, cfg.max_turns + 1):
+    for turn in itertools.count(1):
+        if cfg.max_turns and turn > cfg.max_turns:
+            return Outcome("", "error_max_turns", cfg.max_turns)
         response = request_reply(cfg, messages, specs, model, emit)
         usage.add(response.get("usage"))
         choice = first_choice(response)
@@ -1221,9 +1581,9 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
         if not message.get("tool_calls"):
             return Outcome(final_answer(message, choice.get("finish_reason"), emit), turns=turn)
         run_calls(message, tools, ctx, messages, emit, cut=choice.get("finish_reason") == "length")
-        if cfg.max_cost is not None and (usage.cost or 0.0) >= cfg.max_cost:
+        if cfg.max_cost is not None and spent(cfg, usage, info, emit) >= cfg.max_cost:
             return Outcome("", "error_max_budget_usd", turn)
-    return Outcome("", "error_max_turns", cfg.max_turns)
+    raise AssertionError("unreachable")
 
 
 class Agent:
@@ -1237,7 +1597,7 @@ class Agent:
         self.model = ModelClient(cfg, log=notice, sleep=sleep)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
-        self.ctx = ToolContext(cfg.cwd, command_env(env, cfg.pass_env), self.skills, confirm, self.fork)
+        self.ctx = ToolContext(cfg.cwd, command_env(env, cfg.pass_env), self.skills, confirm, self.fork, Leftovers())
 
     def conversation(self) -> list[dict]:
         """A new conversation: just the system message."""
@@ -1247,7 +1607,7 @@ class Agent:
     def run(self, messages: list[dict], tools: dict[str, Tool] | None = None) -> Outcome:
         """Run the loop on a conversation."""
         return run_agent(self.cfg, messages, model=self.model, tools=self.tools if tools is None else tools,
-                         ctx=self.ctx, usage=self.usage, emit=self.emit)
+                         ctx=self.ctx, usage=self.usage, emit=self.emit, info=self.model.model_info)
 
     def fork(self, body: str) -> str:
         """Run a skill body as a sub-agent in a fresh conversation; return its final answer."""
@@ -1310,7 +1670,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--output-format", choices=("text", "json", "stream-json"), default="text",
         help="text: the answer only; json: one result object; stream-json: one event per line")
     add("-v", "--verbose", action="store_true", help="trace tool calls and usage on stderr")
-    add("--max-turns", metavar="N", type=positive(int), default=100, help="stop after N model requests (exit 3)")
+    add("--max-turns", metavar="N", type=positive(int), help="stop after N model requests per prompt (exit 3)")
     add("--max-cost", metavar="USD", type=positive(float), help="stop once the run has cost this many USD (exit 3)")
     add("--allowed-tools", "--allowedTools", metavar="TOOLS", default="", help="only these tools (comma or space separated)")
     add("--disallowed-tools", "--disallowedTools", metavar="TOOLS", default="", help="never these tools")
@@ -1356,7 +1716,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     api_key = env.get("OPENROUTER_API_KEY", "").strip()
     if not api_key:
         raise UsageError("OPENROUTER_API_KEY is not set; export your OpenRouter API key")
-    home = env.get("HOME")
+    home = Path(env["HOME"]) if env.get("HOME") else None
+    solo_home = env.get("SOLO_HOME", "").strip()
     return Config(
         api_key=api_key, cwd=cwd,
         base_url=env.get("OPENROUTER_BASE_URL", "").strip() or DEFAULT_BASE_URL,
@@ -1370,8 +1731,9 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         append_system_prompt=args.append_system_prompt, trace_path=args.trace,
         cache=not (args.no_cache or env.get("SOLO_NO_CACHE", "") not in ("", "0")),
         pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))),
-        yes=args.yes,
-        home=Path(home) if home else None, session_id=f"solo-{os.urandom(16).hex()}",  # uuid costs start-up
+        yes=args.yes, home=home,
+        solo_home=Path(solo_home) if solo_home else home and home / ".solo",
+        session_id=f"solo-{os.urandom(16).hex()}",  # uuid costs start-up
     )
 
 
@@ -1388,11 +1750,49 @@ def redact(text: str, secret: str) -> str:
     return text.replace(secret, "***") if len(secret) >= 8 else text
 
 
+def is_terminal(stream: Any) -> bool:
+    """True for a stream that is a terminal."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+# Escape sequences and control characters that would move the cursor, recolour or retitle a terminal
+TERMINAL_CONTROLS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?"
+                               r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def for_terminal(text: str, stream: Any) -> str:
+    """Text for a stream: control sequences stripped on a terminal, exact on a pipe or file."""
+    return TERMINAL_CONTROLS.sub("", text) if is_terminal(stream) else text
+
+
+def visible(text: str) -> str:
+    """Text with every control or invisible character shown as an escape, keeping line breaks and tabs."""
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else ascii(ch)[1:-1] for ch in text)
+
+
+def result_object(outcome: Outcome | None, error: str, usage: Usage, turns: int, started: float,
+                  session_id: str) -> dict:
+    """The closing result object of --output-format json and stream-json."""
+    subtype = outcome.subtype if outcome else "error_during_execution"
+    return {
+        "type": "result", "subtype": subtype, "is_error": subtype != "success",
+        "result": outcome.answer if outcome and subtype == "success" else error,
+        "num_turns": turns, "duration_ms": int((time.monotonic() - started) * 1000),
+        "total_cost_usd": usage.cost, "session_id": session_id,
+        "usage": {"requests": usage.requests, "input_tokens": usage.prompt_tokens,
+                  "output_tokens": usage.completion_tokens, "cache_read_input_tokens": usage.cached_tokens,
+                  "cache_creation_input_tokens": usage.cache_write_tokens},
+    }
+
+
 class Reporter:
     """Shows a run's events: notices and the verbose trace on stderr, stream-json on stdout, a trace file."""
 
-    def __init__(self, cfg: Config, streams: Streams, *, interactive: bool = False):
-        self.cfg, self.streams, self.interactive, self.turns = cfg, streams, interactive, 0
+    def __init__(self, cfg: Config, streams: Streams, *, interactive: bool = False, fancy: bool = False):
+        self.cfg, self.streams, self.interactive, self.fancy, self.turns = cfg, streams, interactive, fancy, 0
         try:
             self.trace = open(cfg.trace_path, "a", encoding="utf-8", errors="replace") if cfg.trace_path else None
         except OSError as error:
@@ -1400,9 +1800,10 @@ class Reporter:
         self.showing = False  # the 'thinking' note is on the terminal
 
     def say(self, text: str) -> None:
-        """A line on stderr."""
+        """A line on stderr; a stderr that is gone costs nothing but the line."""
         self.thinking(False)
-        print(f"solo: {redact(text, self.cfg.api_key)}", file=self.streams.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            print(f"solo: {redact(text, self.cfg.api_key)}", file=self.streams.stderr, flush=True)
 
     def __call__(self, event: dict) -> None:
         """Take one event from the agent."""
@@ -1424,48 +1825,37 @@ class Reporter:
         """One JSON object as a line on stdout."""
         print(json.dumps(obj, ensure_ascii=False), file=self.streams.stdout, flush=True)
 
+    def answer(self, text: str) -> None:
+        """The final answer on stdout."""
+        print(for_terminal(text, self.streams.stdout), file=self.streams.stdout, flush=True)
+
     def thinking(self, on: bool) -> None:
-        """Show or clear a note while the model thinks: in a session on a terminal only."""
-        if self.interactive and on != self.showing and self.streams.stderr.isatty():
+        """Show or clear a note while the model thinks: in a session on a terminal that can take it."""
+        if self.fancy and on != self.showing:
             self.streams.stderr.write("thinking...\r" if on else "\r\033[K")
             self.streams.stderr.flush()
             self.showing = on
 
-    def result(self, outcome: Outcome | None, error: str, usage: Usage, started: float) -> dict:
-        """The closing result object of --output-format json and stream-json."""
-        subtype = outcome.subtype if outcome else "error_during_execution"
-        return {
-            "type": "result", "subtype": subtype, "is_error": subtype != "success",
-            "result": outcome.answer if outcome and subtype == "success" else error,
-            "num_turns": self.turns, "duration_ms": int((time.monotonic() - started) * 1000),
-            "total_cost_usd": usage.cost, "session_id": self.cfg.session_id,
-            "usage": {"requests": usage.requests, "input_tokens": usage.prompt_tokens,
-                      "output_tokens": usage.completion_tokens, "cache_read_input_tokens": usage.cached_tokens,
-                      "cache_creation_input_tokens": usage.cache_write_tokens},
-        }
 
-
-def read_piped(stdin: Any, idle: float | None) -> str:
-    """Piped stdin as text, kept bounded; with `idle`, stop when nothing arrives for that many seconds."""
+def read_piped(stdin: Any, say: Callable[[str], None]) -> str:
+    """Piped stdin to its end as text, its first and last READ_LIMIT characters kept; says when it waits."""
     sink, fd = HeadTail(READ_LIMIT), stdin.fileno()
-    while not idle or select.select([fd], [], [], idle)[0]:
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            break
+    if not select.select([fd], [], [], 1.0)[0]:
+        say("waiting for stdin to end (it is a pipe that is still open)")
+    while chunk := os.read(fd, 1 << 16):
         sink.feed(chunk)
+    if sink.total > 2 * sink.keep:
+        say(f"stdin was {sink.total} bytes; only its first and last {sink.keep} bytes were kept")
     return sink.text().strip()
 
 
-def read_prompt(prompt: str | None, stdin: Any) -> tuple[str | None, str]:
+def read_prompt(prompt: str | None, stdin: Any, say: Callable[[str], None]) -> tuple[str | None, str]:
     """The prompt and any piped context; (None, '') means an interactive session."""
-    try:
-        piped = stdin is not None and not stdin.isatty()
-    except (ValueError, OSError):
-        piped = False
+    piped = stdin is not None and not is_terminal(stdin)
     if prompt is not None:
-        context = read_piped(stdin, idle=1.0) if piped else ""
+        context = read_piped(stdin, say) if piped else ""
     elif piped:
-        prompt, context = read_piped(stdin, idle=None), ""
+        prompt, context = read_piped(stdin, say), ""
     elif stdin is None:
         raise UsageError("no prompt: pass -p PROMPT or pipe one on stdin")
     else:
@@ -1475,15 +1865,28 @@ def read_prompt(prompt: str | None, stdin: Any) -> tuple[str | None, str]:
     return prompt, context
 
 
-def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams) -> int:
+def exit_status(error: BaseException, debug: bool = False) -> tuple[int, str]:
+    """The exit code and the one line for a failure that ends the run."""
+    if isinstance(error, AgentError):
+        return error.exit_code, str(error)
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    if isinstance(error, Terminated):
+        return error.exit_code, "terminated"
+    if debug or not isinstance(error, Exception):
+        raise error
+    return EXIT_ERROR, f"internal error: {type(error).__name__}: {one_line(str(error), 200)}"
+
+
+def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams, started: float) -> int:
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
-    started, reporter = time.monotonic(), Reporter(cfg, streams)
+    reporter = Reporter(cfg, streams)
     agent = Agent(cfg, env, reporter)
     outcome, error, code = None, "", EXIT_OK
     try:
         outcome = agent.ask(agent.conversation(), prompt, context)
-    except AgentError as exc:
-        error, code = str(exc), exc.exit_code
+    except (AgentError, KeyboardInterrupt, Terminated) as exc:
+        code, error = exit_status(exc)
         reporter.say(error)
     if outcome and outcome.subtype != "success":
         limit = "--max-turns" if outcome.subtype == "error_max_turns" else "--max-cost"
@@ -1491,16 +1894,32 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
         reporter.say(error)
     if cfg.verbose:
         reporter.say(f"done: {reporter.turns} turns, {agent.usage.line()}")
-    if cfg.output_format == "text":
-        if outcome and code == EXIT_OK:
-            print(outcome.answer, file=streams.stdout, flush=True)
-    else:
-        reporter.write_json(reporter.result(outcome, error, agent.usage, started))
+    if cfg.output_format != "text":
+        reporter.write_json(result_object(outcome, error, agent.usage, reporter.turns, started, cfg.session_id))
+    elif outcome and code == EXIT_OK:
+        reporter.answer(outcome.answer)
     return code
 
 
-SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model NAME switch model,
-/cost tokens and cost so far, /exit leave (Ctrl-D too). Ctrl-C cancels a running turn."""
+SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model [NAME] show or switch the model,
+/cost tokens and cost so far, /exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
+DIFF_LINES = 40  # lines of a file change shown before the user allows it
+
+
+def describe_call(cwd: Path, tool: str, args: dict) -> str:
+    """What a call will do, shown whole before the user allows it: every line of a command, a file change's diff."""
+    if tool not in ("Write", "Edit"):
+        return visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
+    import difflib  # only when asking: it costs start-up time
+    path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
+    if tool == "Write":
+        target, new = Path(cwd, os.path.expanduser(path)), str(args.get("content", ""))
+        with contextlib.suppress(OSError):
+            old = target.read_text(errors="replace") if target.stat().st_size <= EDIT_MAX_BYTES else "(a large file)"
+    diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1))[2:]
+    more = [f"[... {len(diff) - DIFF_LINES} more lines of the change not shown]"] if len(diff) > DIFF_LINES else []
+    every = " (every occurrence)" if args.get("replace_all") in (True, "true") else ""
+    return visible(path) + every + "\n" + visible("\n".join(diff[:DIFF_LINES] + more))
 
 
 class Session:
@@ -1508,30 +1927,55 @@ class Session:
 
     def __init__(self, cfg: Config, env: dict[str, str], streams: Streams):
         self.streams, self.always = streams, set()
-        self.reporter = Reporter(cfg, streams, interactive=True)
+        fancy = is_terminal(streams.stderr) and env.get("TERM", "dumb") != "dumb"
+        self.reporter = Reporter(cfg, streams, interactive=True, fancy=fancy)
         self.agent = Agent(cfg, env, self.reporter, confirm=None if cfg.yes else self.confirm)
 
-    def read_line(self, prompt: str) -> str:
+    def read_line(self, prompt: str, *, history: bool = True) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
+        import readline
         self.streams.stdout.flush()
         saved = os.dup(1)
         os.dup2(2, 1)
         try:
-            return input(prompt)
+            line = input(prompt)
         finally:
             os.dup2(saved, 1)
             os.close(saved)
+        if not history and line.strip():
+            readline.remove_history_item(readline.get_current_history_length() - 1)
+        return line
+
+    def read_prompt(self) -> str:
+        """The next prompt; a paste of several lines is one prompt."""
+        lines = [self.read_line("> ")]
+        with contextlib.suppress(EOFError):
+            while select.select([self.streams.stdin], [], [], 0.05)[0]:  # the rest of a paste is already here
+                lines.append(self.read_line(""))
+        return "\n".join(lines).strip()
 
     def confirm(self, tool: str, args: dict) -> bool:
-        """Ask once before a command or a file change runs: y, n, or a (always, for this tool)."""
+        """Ask before a command or a file change runs, showing it whole: y, n, or a (always, for this tool)."""
         if tool in self.always:
             return True
-        self.reporter.thinking(False)
-        what = args.get("command") or args.get("file_path") or ""
-        answer = self.read_line(f"Allow {tool}: {one_line(str(what), 200)}? [y/n/a] ").strip().lower()
-        if answer.startswith("a"):
+        what = describe_call(self.agent.cfg.cwd, tool, args)
+        self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to change {what}")
+        with contextlib.suppress(OSError, ValueError):  # what was typed before the question does not answer it
+            import termios
+            termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
+        question = f"Allow {tool}? [y/n/a] "
+        while True:
+            try:
+                answer = self.read_line(question, history=False).strip().lower()
+            except EOFError:
+                self.streams.stderr.write("\n")
+                return False
+            if answer in ("y", "yes", "n", "no", "a", "always"):
+                break
+            question = "Please answer y (yes), n (no) or a (always, for this tool): "
+        if answer[0] == "a":
             self.always.add(tool)
-        return answer[:1] in ("y", "a")
+        return answer[0] in "ya"
 
     def command(self, line: str, messages: list[dict]) -> bool:
         """Handle a /command; False when the line is not one."""
@@ -1543,84 +1987,101 @@ class Session:
             self.reporter.say("started a new conversation")
         elif word == "/cost":
             self.reporter.say(self.agent.usage.line())
-        elif word == "/model" and rest.strip():
-            self.agent.cfg = self.agent.cfg._replace(model=rest.strip())
-            self.reporter.say(f"model: {rest.strip()}")
+        elif word == "/model":
+            if rest.strip():
+                self.agent.cfg = self.agent.cfg._replace(model=rest.strip())
+            self.reporter.say(f"model: {self.agent.cfg.model}")
         else:
             return False
         return True
 
     def run(self) -> int:
-        """Read prompts until /exit, Ctrl-D, or Ctrl-C at an empty prompt."""
+        """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""
         import readline
-        messages = self.agent.conversation()
+        messages, interrupted = self.agent.conversation(), 0.0
         self.reporter.say(f"solo {VERSION}, model {self.agent.cfg.model}. /help for commands, Ctrl-D to leave.")
         while True:
             try:
-                line = self.read_line("> ").strip()
+                line = self.read_prompt()
             except EOFError:
+                self.streams.stderr.write("\n")
                 return EXIT_OK
             except KeyboardInterrupt:
-                if readline.get_line_buffer():
+                self.streams.stderr.write("\n")
+                if readline.get_line_buffer().strip():
                     continue
-                return EXIT_OK
+                if time.monotonic() - interrupted < 1.0:
+                    return EXIT_OK
+                interrupted = time.monotonic()
+                self.reporter.say("press Ctrl-C again to leave, or Ctrl-D")
+                continue
             if line in ("/exit", "/quit"):
                 return EXIT_OK
             if not line or self.command(line, messages):
                 continue
-            mark = len(messages)
+            mark, interrupted = len(messages), 0.0
             try:
                 outcome = self.agent.ask(messages, line)
-                print(outcome.answer if outcome.subtype == "success" else f"(stopped: {outcome.subtype})",
-                      file=self.streams.stdout, flush=True)
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, AgentError) as error:  # an unfinished turn leaves no trace
                 del messages[mark:]
-                self.reporter.say("cancelled")
-            except AgentError as error:
-                del messages[mark:]
-                self.reporter.say(str(error))
+                self.reporter.say(str(error) if isinstance(error, AgentError) else "cancelled")
+                continue
+            with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing
+                self.reporter.answer(outcome.answer if outcome.subtype == "success" else f"(stopped: {outcome.subtype})")
 
 
 def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, streams: Streams | None = None) -> int:
     """Run the command line and return the exit code; the only place failures become exit codes."""
     env = dict(os.environ) if env is None else env
     streams = streams or Streams(sys.stdin, sys.stdout, sys.stderr)
-    debug = env.get("SOLO_DEBUG", "") not in ("", "0")
+    started, args = time.monotonic(), None
     api_key = env.get("OPENROUTER_API_KEY", "").strip()
-    def fail(message: str, code: int) -> int:
-        print(f"solo: {redact(message, api_key)}", file=streams.stderr, flush=True)
-        return code
+
+    def say(message: str) -> None:
+        with contextlib.suppress(OSError):
+            print(f"solo: {redact(message, api_key)}", file=streams.stderr, flush=True)
+
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if args.version:
             print(f"solo {VERSION}", file=streams.stdout)
             return EXIT_OK
         cfg = build_config(args, env, Path.cwd())
-        prompt, context = read_prompt(args.prompt, streams.stdin)
+        prompt, context = read_prompt(args.prompt, streams.stdin, say)
         if prompt is None:
             return Session(cfg, env, streams).run()
-        return run_once(cfg, env, prompt, context, streams)
-    except AgentError as error:
-        return fail(str(error), error.exit_code)
-    except KeyboardInterrupt:
-        return fail("interrupted", EXIT_INTERRUPTED)
-    except Terminated:
-        return fail("terminated", EXIT_TERMINATED)
+        return run_once(cfg, env, prompt, context, streams, started)
     except BrokenPipeError:
         return EXIT_ERROR
-    except Exception as error:
-        if debug:
-            raise
-        return fail(f"internal error: {type(error).__name__}: {one_line(str(error), 200)}", EXIT_ERROR)
+    except BaseException as error:  # after run_once's own handling: failures before the run or in the session
+        code, message = exit_status(error, env.get("SOLO_DEBUG", "") not in ("", "0"))
+        say(message)
+        if args is not None and args.output_format != "text":
+            with contextlib.suppress(OSError):
+                print(json.dumps(result_object(None, message, Usage(), 0, started, "")), file=streams.stdout, flush=True)
+        return code
+
+
+def standard_streams() -> None:
+    """Give every closed standard stream /dev/null, so no write or child can fail on it."""
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # takes the lowest free number: this one
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+    for stream in (sys.stdout, sys.stderr):  # text that is not valid UTF-8 must not crash the printing
+        stream.reconfigure(errors="replace")
 
 
 def cli() -> None:
-    """The program's entry point: SIGTERM unwinds like Ctrl-C, main's result is the exit status."""
+    """The program's entry point: stop signals unwind like Ctrl-C, main's result is the exit status."""
     def terminated(signum: int, frame: Any) -> None:
-        raise Terminated()
+        raise Terminated(signum)
     signal.signal(signal.SIGTERM, terminated)
-    for stream in (sys.stdout, sys.stderr):  # text that is not valid UTF-8 must not crash the printing
-        stream.reconfigure(errors="replace")
+    signal.signal(signal.SIGHUP, terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with Ctrl-C ignored
+    standard_streams()
     code = main()
     try:
         sys.stdout.flush()

@@ -21,7 +21,7 @@ def test_anthropic_requests_ask_for_caching_with_one_session_id(serve, run, work
     assert run(["-p", "go"], cwd=workspace, base_url=server.url).code == 0
     assert len(server.bodies) == 6
     assert all(b["cache_control"] == {"type": "ephemeral"} for b in server.bodies)
-    session_ids = {b["session_id"] for b in server.bodies}
+    session_ids = {h["x-session-id"] for h in server.headers}  # a header: strict servers refuse unknown fields
     assert len(session_ids) == 1 and 0 < len(session_ids.pop()) <= 256
 
 
@@ -29,13 +29,13 @@ def test_each_run_has_its_own_session_id(serve, run, workspace):
     server = serve(lambda body: reply("ok"))
     run(["-p", "a"], cwd=workspace, base_url=server.url)
     run(["-p", "b"], cwd=workspace, base_url=server.url)
-    assert server.bodies[0]["session_id"] != server.bodies[1]["session_id"]
+    assert server.headers[0]["x-session-id"] != server.headers[1]["x-session-id"]
 
 
 def test_other_models_are_left_to_their_provider(serve, run, workspace):
     server = serve(lambda body: reply("ok"), accept="")
     run(["-p", "x", "--model", "openai/gpt-5-mini"], cwd=workspace, base_url=server.url)
-    assert "cache_control" not in server.bodies[0] and server.bodies[0]["session_id"]
+    assert "cache_control" not in server.bodies[0] and server.headers[0]["x-session-id"]
 
 
 def test_the_switch_turns_caching_off(serve, run, workspace):

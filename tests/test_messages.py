@@ -93,8 +93,22 @@ def test_build_request_for_anthropic():
     specs = [agent.TOOLS[0].spec()]
     assert agent.build_request(config(), messages, specs) == {
         "model": "anthropic/claude-haiku-4.5", "messages": messages, "tools": specs,
-        "session_id": "s-1", "cache_control": {"type": "ephemeral"},
+        "cache_control": {"type": "ephemeral"},
     }
+
+
+def test_a_strict_server_gets_only_the_fields_of_openais_schema():
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                {"role": "assistant", "content": None, "reasoning": "r", "reasoning_details": [{"type": "x"}],
+                 "tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "Read", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "a", "content": "ok"}]
+    body = agent.build_request(config(base_url="https://api.openai.com/v1"), messages, [])
+    assert "cache_control" not in body and "session_id" not in body
+    assert body["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "Read", "arguments": "{}"}}]}
+    assert body["messages"][3] == messages[3] and messages[2]["reasoning"] == "r"  # the conversation keeps all
+    for lenient in ("https://openrouter.ai/api/v1", "http://localhost:10000/api/v1", "http://127.0.0.1:8080/v1"):
+        assert agent.build_request(config(base_url=lenient), messages, [])["messages"] is messages
 
 
 @pytest.mark.parametrize("model, cache, cached", [
@@ -105,7 +119,7 @@ def test_build_request_for_anthropic():
 ])
 def test_cache_control_only_for_anthropic_when_on(model, cache, cached):
     body = agent.build_request(config(model=model, cache=cache), [], [])
-    assert ("cache_control" in body) == cached and body["session_id"] == "s-1" and "tools" not in body
+    assert ("cache_control" in body) == cached and "session_id" not in body and "tools" not in body
 
 
 def test_system_prompt_has_the_facts_and_rules():

@@ -99,7 +99,7 @@ def test_a_confirmation_answered_n_runs_nothing(serve, terminal, workspace):
     server = serve(tool_then([call("Bash", {"command": "touch made"})], lambda body: "result: " + last_result(body)))
     term = terminal(server)
     term.send("make a file\r")
-    term.expect(r"Allow Bash: touch made\? \[y/n/a\] ")
+    term.expect(r"Bash wants to run:\r\ntouch made\r\nAllow Bash\? \[y/n/a\] ")
     term.send("n\r")
     term.expect("result: Error: the user declined")
     assert not (workspace / "made").exists()
@@ -148,7 +148,9 @@ def test_ctrl_c_cancels_a_turn_and_returns_to_the_prompt(serve, terminal, worksp
     pid = int((workspace / "pid").read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-    term.send("\x03")  # Ctrl-C at an empty prompt leaves
+    term.send("\x03")  # Ctrl-C at an empty prompt only says how to leave
+    term.expect("press Ctrl-C again to leave")
+    term.send("\x03")  # and a second one within a second leaves
     assert term.wait() == 0
 
 

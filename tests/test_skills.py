@@ -14,8 +14,15 @@ from tests.fake_openrouter import call, last_result, reply, tool_then
     ("---\nname: a\ndescription: does A\n---\nBody\n", {"name": "a", "description": "does A"}, "Body"),
     ('---\nname: "quoted: yes"\ndescription: \'single\'\n---\nB', {"name": "quoted: yes", "description": "single"}, "B"),
     ("---\ndescription: >\n  folded over\n  two lines\ncontext: fork\n---\n\nB\n",
-     {"description": "folded over two lines", "context": "fork"}, "B"),
+     {"description": "folded over two lines\n", "context": "fork"}, "B"),
     ("\ufeff---\n# comment\nname: x\n---\nB", {"name": "x"}, "B"),
+    # README's own example: an inline comment after a plain value is not part of it
+    ("---\ncontext: fork            # optional: run as a sub-agent\n---\nB", {"context": "fork"}, "B"),
+    ('---\nname: "tab\\there \\"q\\" \\u00e9" # c\ndescription: \'it\'\'s # not a comment\'\n---\nB',
+     {"name": 'tab\there "q" \u00e9', "description": "it's # not a comment"}, "B"),
+    ("---\ndescription: |-\n  line one\n    indented\n\n  after a gap\nname: a#b\n---\nB",
+     {"description": "line one\n  indented\n\nafter a gap", "name": "a#b"}, "B"),
+    ("---\ndescription: plain value\n  that goes on\n---\nB", {"description": "plain value that goes on"}, "B"),
 ])
 def test_parse_frontmatter(text, fields, body):
     assert agent.parse_frontmatter(text) == (fields, body)
@@ -78,7 +85,9 @@ def test_discovery_project_wins_and_broken_files_are_skipped(tmp_path):
     skills = agent.discover_skills([project, home], warnings.append)
     assert sorted(skills) == ["nameless", "personal", "shared"]
     assert skills["shared"].description == "project version"
-    assert len(warnings) == 2 and all(w.startswith("skipping skill ") for w in warnings)
+    assert len(warnings) == 3 and all(w.startswith("skipping skill ") for w in warnings[:2])
+    assert warnings[2] == f"two skills are called shared: using {project}/.claude/skills/shared, " \
+                          f"not {home}/.claude/skills/shared"
 
 
 # --- End to end -----------------------------------------------------------------------------------
