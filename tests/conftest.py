@@ -27,6 +27,15 @@ class Run:
     stderr: str
 
 
+@pytest.fixture(autouse=True)
+def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test sees the machine's OPENROUTER_*/SOLO_* settings or its home (~/.claude, ~/.solo, ~/.netrc)."""
+    for name in list(os.environ):
+        if name.startswith(("OPENROUTER_", "SOLO_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+
+
 @pytest.fixture
 def ctx(tmp_path: Path) -> agent.ToolContext:
     """A tool context whose working directory is a fresh temp folder."""

@@ -79,8 +79,10 @@ def load_validator():
 class FakeOpenRouter:
     """The server; use as a context manager, read `.url`, `.bodies`, `.raw`, `.headers`, `.problems`."""
 
-    def __init__(self, model: Callable[[dict], Any], *, validate: bool = True, accept: str = "anthropic/claude-haiku"):
-        self.model, self.accept = model, accept
+    def __init__(self, model: Callable[[dict], Any], *, validate: bool = True, accept: str = "anthropic/claude-haiku",
+                 models: list[dict] | None = None):
+        self.model, self.accept, self.models = model, accept, models  # models: GET /models's `data`, or 404
+        self.gets: list[str] = []
         self.bodies: list[dict] = []
         self.raw: list[bytes] = []
         self.headers: list[dict] = []
@@ -131,6 +133,11 @@ class FakeOpenRouter:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def do_GET(self) -> None:
+                server.gets.append(self.path)
+                found = self.path == "/api/v1/models" and server.models is not None
+                self.reply_with(Raw(200, {"data": server.models}) if found else Raw(404, {"error": {"code": 404}}))
+
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 try:
@@ -138,6 +145,9 @@ class FakeOpenRouter:
                 except Exception as error:  # a broken script shows up as a 500 and a problem
                     server.problems.append(f"model script raised {error!r}")
                     result = Raw(500, {"error": {"code": 500, "message": repr(error)}})
+                self.reply_with(result)
+
+            def reply_with(self, result: Any) -> None:
                 if result is DROP:
                     self.close_connection = True
                     self.connection.shutdown(2)
