@@ -345,7 +345,10 @@ def resolve(ctx: ToolContext, file_path: str, *, must_exist: bool = False) -> Pa
 
 def walk_files(root: Path, errors: list[OSError] | None = None) -> Iterator[Path]:
     """Regular files under root, sorted, skipping version-control folders; unreadable folders go to `errors`."""
-    for folder, dirs, files in os.walk(root, onerror=None if errors is None else errors.append):
+    def failed(error: OSError) -> None:
+        if errors is not None and not isinstance(error, FileNotFoundError):  # a folder that is gone has no files
+            errors.append(error)
+    for folder, dirs, files in os.walk(root, onerror=failed):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
         yield from (Path(folder, name) for name in sorted(files) if os.path.isfile(os.path.join(folder, name)))
 
@@ -607,14 +610,16 @@ def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, 
 def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) -> str:
     """Run a command with bash in its own process group; return its output and exit code."""
     timeout = min(timeout, BASH_MAX_TIMEOUT_MS) if timeout > 0 else BASH_TIMEOUT_MS
-    out, notes, proc = HeadTail(RESULT_LIMIT // 2 - 200), [], None  # room for the notes within one result
+    out, notes, proc, closed = HeadTail(RESULT_LIMIT // 2 - 200), [], None, False  # room for the notes
     read_fd, write_fd = os.pipe()
     try:
-        with signals_held():  # a stop signal is taken only once the command is known, so it is always killed
-            proc = subprocess.Popen(["bash", "-c", command], cwd=ctx.cwd, env=ctx.env, stdin=subprocess.DEVNULL,
-                                    stdout=write_fd, stderr=write_fd, start_new_session=True)
-        os.close(write_fd)
-        deadline, closed = time.monotonic() + timeout / 1000, False
+        try:
+            with signals_held():  # a stop signal is taken once the command is known, so it is always killed
+                proc = subprocess.Popen(["bash", "-c", command], cwd=ctx.cwd, env=ctx.env, stdin=subprocess.DEVNULL,
+                                        stdout=write_fd, stderr=write_fd, start_new_session=True)
+        finally:
+            os.close(write_fd)
+        deadline = time.monotonic() + timeout / 1000
         while not closed and proc.poll() is None and (left := deadline - time.monotonic()) > 0:
             closed = drain(read_fd, out, min(left, 0.1))
         try:
@@ -624,19 +629,17 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
             code = proc.wait()
             notes.append(f"[timed out after {timeout} ms; the command and its children were killed]")
         closed = closed or drain(read_fd, out, BACKGROUND_GRACE)
-    except OSError as error:
-        raise ToolError(f"could not run bash: {error}") from None
-    except BaseException:  # Ctrl-C, SIGTERM or SIGHUP: take the command down with us
+    except BaseException as error:  # Ctrl-C, SIGTERM or SIGHUP: take the command down with us
         if proc:
             signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
+        os.close(read_fd)
+        if isinstance(error, OSError):
+            raise ToolError(f"could not run bash: {error}") from None
         raise
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(write_fd)
-        if proc is None or closed or not ctx.leftovers:
-            os.close(read_fd)
-    if not closed and ctx.leftovers:
+    if closed or not ctx.leftovers:
+        os.close(read_fd)
+    else:
         ctx.leftovers.add(read_fd)
     if signal_group(proc.pid, 0):
         notes.append(f"[the shell exited; background processes are still running (process group {proc.pid})]")
@@ -672,9 +675,10 @@ def glob_regex(pattern: str) -> str:
             out.append("(?:.*/)?" if pattern.startswith("**/", i) else ".*")
             i += 3 if pattern.startswith("**/", i) else 2
             continue
-        if ch == "[" and (end := pattern.find("]", i + 2)) > 0:
-            body = pattern[i + 1: end]
-            out.append("[" + ("^" + body[1:] if body[0] in "!^" else body).replace("\\", "\\\\") + "]")
+        negated = pattern[i + 1: i + 2] in ("!", "^")
+        if ch == "[" and (end := pattern.find("]", i + 2 + negated)) > 0:  # a ']' first in a class is literal
+            body = pattern[i + 1 + negated: end].replace("\\", "\\\\")
+            out.append(f"[^{body}/]" if negated else f"[{body}]")  # never a '/', as in a shell
             i = end
         elif ch == "{":
             depth, j, options, start = 0, i, [], i + 1
@@ -1935,11 +1939,15 @@ class Session:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
         import readline
         self.streams.stdout.flush()
-        saved = os.dup(1)
+        saved, alarm = os.dup(1), signal.signal(signal.SIGALRM, lambda signum, frame: None)
         os.dup2(2, 1)
+        # readline's select() sleeps through a Ctrl-C that lands just before it starts: a tick wakes it to see it
+        signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
         try:
             line = input(prompt)
         finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, alarm)
             os.dup2(saved, 1)
             os.close(saved)
         if not history and line.strip():

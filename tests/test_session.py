@@ -9,12 +9,16 @@ import re
 import select
 import subprocess
 import termios
+import threading
 import time
 
 import pytest
 
 from tests.conftest import PROGRAM
 from tests.fake_openrouter import call, last_result, reply, tool_then
+
+
+PROMPT = r"(?:^|\n)> "  # the session's prompt at the start of a line ("-> ok" in a tool line is not it)
 
 
 class Terminal:
@@ -38,7 +42,7 @@ class Terminal:
         while not (match := re.search(pattern, self.seen)):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.master], [], [], left)[0]:
-                raise AssertionError(f"{pattern!r} never showed; screen:\n{self.seen}")
+                raise AssertionError(f"{pattern!r} never showed; screen:\n{self.seen}\nwhole transcript: {self.transcript[-2000:]!r}")
             try:
                 chunk = os.read(self.master, 4096).decode(errors="replace")
                 self.seen += chunk
@@ -55,7 +59,7 @@ class Terminal:
         """Type a line, wait for the answer and the next prompt."""
         self.send(line + "\r")
         self.expect(answer)
-        self.expect("> ")
+        self.expect(PROMPT)
 
     def wait(self, timeout: float = 10) -> int:
         code = self.proc.wait(timeout)
@@ -121,6 +125,7 @@ def test_always_answer_stops_asking(serve, terminal, workspace):
     term.expect("both made")
     assert (workspace / "f0").exists() and (workspace / "f1").exists()
     assert "Allow" not in term.seen
+    term.expect("> ")  # Ctrl-D typed before the prompt would be lost, as for a person
     term.send("\x04")
     assert term.wait() == 0
 
@@ -145,6 +150,7 @@ def test_ctrl_c_cancels_a_turn_and_returns_to_the_prompt(serve, terminal, worksp
     term.expect("> ")
     term.send("fast\r")
     term.expect("quick answer to fast; 2 messages")  # system + this prompt: the cancelled turn is gone
+    term.expect(PROMPT)
     pid = int((workspace / "pid").read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -179,3 +185,139 @@ def test_prompts_go_to_the_terminal_and_answers_to_a_redirected_stdout(serve, te
         assert term.wait() == 0
     assert (tmp_path / "answers.txt").read_text() == "answer 1\nanswer 2\n"
     assert "answer" not in term.transcript and term.transcript.count("> ") == 3
+
+
+# --- The permission prompt shows what will really run, and only a typed answer answers it ----------
+
+
+def asks_once(calls, answer="done"):
+    """A model that makes these calls once, then answers with the last tool result."""
+    return tool_then(calls, lambda body: f"{answer}: " + last_result(body))
+
+
+def test_control_characters_are_shown_escaped_not_obeyed(serve, terminal, workspace):
+    hidden = "touch pwned\r\x1b[2Kls -la"  # on a raw terminal this shows as just `ls -la`
+    server = serve(asks_once([call("Bash", {"command": hidden})]))
+    term = terminal(server)
+    term.send("list\r")
+    shown = term.expect(r"Allow Bash\? \[y/n/a\] ")
+    assert r"touch pwned\r\x1b[2Kls -la" in shown and "\x1b" not in shown
+    term.send("n\r")
+    term.expect("done: Error: the user declined")
+    assert not (workspace / "pwned").exists()
+
+
+def test_the_whole_command_is_shown_every_line(serve, terminal):
+    command = "echo harmless\n" + "# padding " * 40 + "\nrm -rf ./important"
+    server = serve(asks_once([call("Bash", {"command": command})]))
+    term = terminal(server)
+    term.send("go\r")
+    shown = term.expect(r"Allow Bash\? \[y/n/a\] ")
+    assert "echo harmless\r\n" in shown and "\r\nrm -rf ./important\r\n" in shown
+    term.send("n\r")
+    term.expect(PROMPT)
+
+
+def test_file_changes_are_shown_as_a_bounded_diff(serve, terminal, workspace):
+    (workspace / "conf.txt").write_text("mode = safe\nlevel = 1\n")
+    big = "".join(f"line {i}\n" for i in range(200))
+    server = serve(asks_once([call("Edit", {"file_path": "conf.txt", "old_string": "mode = safe",
+                                            "new_string": "mode = unsafe"}),
+                              call("Write", {"file_path": "big.txt", "content": big})]))
+    term = terminal(server)
+    term.send("change it\r")
+    shown = term.expect(r"Allow Edit\? \[y/n/a\] ")
+    assert "Edit wants to change conf.txt" in shown and "-mode = safe\r\n+mode = unsafe" in shown
+    term.send("y\r")
+    shown = term.expect(r"Allow Write\? \[y/n/a\] ")
+    assert "+line 38\r\n" in shown and "+line 39" not in shown and "[... 161 more lines of the change not shown]" in shown
+    term.send("n\r")
+    term.expect(PROMPT)
+    assert (workspace / "conf.txt").read_text() == "mode = unsafe\nlevel = 1\n" and not (workspace / "big.txt").exists()
+
+
+def test_typed_ahead_text_does_not_answer_and_only_y_n_a_do(serve, terminal, workspace):
+    release = threading.Event()
+
+    def model(body):
+        if body["messages"][-1]["role"] == "user":
+            release.wait(10)  # the question cannot be asked before the test has typed ahead
+            return reply(tool_calls=[call("Bash", {"command": "touch made"})])
+        return reply("answer: " + last_result(body))
+
+    server = serve(model)
+    term = terminal(server)
+    term.send("make it\r")
+    deadline = time.monotonic() + 10
+    while not server.bodies:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    term.send("a\r")  # typed while the model thinks: must not answer the question to come
+    release.set()
+    term.expect(r"Allow Bash\? \[y/n/a\] ")
+    term.send("sure\r")
+    term.expect(r"Please answer y \(yes\), n \(no\) or a \(always, for this tool\): ")
+    term.send("\x04")  # Ctrl-D at the question means no
+    term.expect("answer: Error: the user declined")
+    assert not (workspace / "made").exists()
+    term.expect(PROMPT)
+    term.send("\x1b[A\r")  # up-arrow recalls the last prompt, never a permission answer
+    term.expect(r"Allow Bash\? \[y/n/a\] ")
+    assert user_turns(server.bodies[-1])[-1] == "make it"
+    term.send("n\r")
+    term.expect(PROMPT)
+
+
+def test_a_pasted_block_of_lines_is_one_prompt(serve, terminal):
+    server = serve(lambda body: reply(f"got {len(user_turns(body))} prompt(s)"))
+    term = terminal(server)
+    term.send("first line\rsecond line\rthird line\r")
+    term.expect(r"got 1 prompt\(s\)")
+    term.expect(PROMPT)
+    assert user_turns(server.bodies[0]) == ["first line\nsecond line\nthird line"] and len(server.bodies) == 1
+
+
+# --- Leaving and interrupting ----------------------------------------------------------------------
+
+
+def test_ctrl_c_after_a_cancelled_turn_does_not_leave(serve, terminal, workspace):
+    def model(body):
+        if user_turns(body)[-1] == "slow" and body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=[call("Bash", {"command": "echo $$ > pid; sleep 60"})])
+        return reply(f"still here, {len(user_turns(body))} prompt(s)")
+
+    server = serve(model)
+    term = terminal(server)
+    term.send("slow\r")
+    term.expect(r"\[y/n/a\] ")
+    term.send("y\r")
+    deadline = time.monotonic() + 10
+    while not ((workspace / "pid").exists() and (workspace / "pid").read_text().strip()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    term.send("\x03")  # stops the command
+    term.expect("cancelled")
+    term.expect(PROMPT)
+    term.send("\x03")  # a second Ctrl-C soon after, at the empty prompt: a hint, not an exit
+    term.expect("press Ctrl-C again to leave")
+    term.expect(PROMPT)
+    term.send("half typed")
+    term.expect("half typed")  # the line discipline drops what was not yet read when Ctrl-C arrives
+    term.send("\x03")  # Ctrl-C with text typed clears the line and starts a new one
+    term.expect(PROMPT)
+    term.ask("next", r"still here, 1 prompt\(s\)")
+    assert term.proc.poll() is None
+    term.send("\x04")
+    term.expect("\n")
+    assert term.wait() == 0
+
+
+def test_model_without_a_name_shows_it_and_no_thinking_note_on_a_dumb_terminal(serve, terminal):
+    server = serve(lambda body: reply("hi"))
+    term = terminal(server)
+    term.ask("/model", "model: anthropic/claude-haiku-4.5")
+    term.ask("hello", "hi")
+    assert server.bodies and all(user_turns(b) == ["hello"] for b in server.bodies)  # /model was not sent
+    assert "thinking" not in term.transcript and "\x1b[K" not in term.transcript
+    term.send("/exit\r")
+    assert term.wait() == 0
