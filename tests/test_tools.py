@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import errno
 import os
+import re
+import signal
 import stat
+import threading
 import time
 
 import pytest
@@ -89,6 +95,30 @@ def test_read_absolute_path(ctx, tmp_path):
     assert call_tool(ctx, "Read", file_path=str(tmp_path / "a.txt")) == "abs"
 
 
+@pytest.mark.parametrize("bom, codec", [(codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be")])
+def test_read_decodes_utf16_with_a_bom_and_says_so(ctx, tmp_path, bom, codec):
+    (tmp_path / "u.txt").write_bytes(bom + "héllo\nwörld ✓\n".encode(codec))
+    out = call_tool(ctx, "Read", file_path="u.txt")
+    assert out == f"héllo\nwörld ✓\n\n[u.txt is {codec} text with a byte-order mark, shown decoded; " \
+        "Edit and Write keep that encoding]"
+
+
+def test_read_says_it_showed_latin1_text(ctx, tmp_path):
+    (tmp_path / "l.txt").write_bytes(b"caf\xe9 cr\xe8me\n")
+    out = call_tool(ctx, "Read", file_path="l.txt")
+    assert out.startswith("café crème\n") and "[l.txt is latin-1 text, shown decoded;" in out
+
+
+@pytest.mark.parametrize("make_links", [
+    lambda p: ((p / "a").symlink_to("b"), (p / "b").symlink_to("a")),  # a loop
+    lambda p: (p / "a").symlink_to("b"),  # points nowhere
+])
+def test_read_a_broken_symlink_says_so_not_file_not_found(ctx, tmp_path, make_links):
+    make_links(tmp_path)
+    assert call_tool(ctx, "Read", file_path="a") == \
+        "Error: a is a symbolic link that loops or points nowhere (b)"
+
+
 # --- Write ----------------------------------------------------------------------------------------
 
 
@@ -135,6 +165,68 @@ def test_write_accepts_a_json_object_as_content(ctx, tmp_path):
     assert out.startswith("Created") and json.loads((tmp_path / "cfg.json").read_text()) == {"a": 1}
 
 
+def test_write_over_latin1_keeps_latin1_and_refuses_what_it_cannot_hold(ctx, tmp_path):
+    target = tmp_path / "l.txt"
+    target.write_bytes(b"caf\xe9\n")
+    assert call_tool(ctx, "Write", file_path="l.txt", content="café crème\n").startswith("Updated l.txt")
+    assert target.read_bytes() == b"caf\xe9 cr\xe8me\n"
+    assert call_tool(ctx, "Write", file_path="l.txt", content="5 €\n") == \
+        "Error: l.txt is latin-1 text and the new text has characters it cannot hold ('€'); the file was left as is"
+    assert target.read_bytes() == b"caf\xe9 cr\xe8me\n"
+
+
+WRITES = [
+    ("Write", {"file_path": "keep.txt", "content": "new text\n"}),
+    ("Edit", {"file_path": "keep.txt", "old_string": "old", "new_string": "new"}),
+]
+
+
+@pytest.mark.parametrize("tool, args", WRITES)
+def test_writes_keep_hard_links(ctx, tmp_path, tool, args):
+    (tmp_path / "keep.txt").write_text("old text\n")
+    os.link(tmp_path / "keep.txt", tmp_path / "other.txt")
+    assert not call_tool(ctx, tool, **args).startswith("Error")
+    assert (tmp_path / "other.txt").read_text() == "new text\n"
+    assert (tmp_path / "keep.txt").stat().st_ino == (tmp_path / "other.txt").stat().st_ino
+
+
+@pytest.mark.parametrize("tool, args", WRITES)
+def test_writes_in_place_when_the_rename_is_refused(ctx, tmp_path, monkeypatch, tool, args):
+    (tmp_path / "keep.txt").write_text("old text\n")
+
+    def busy(src, dst):  # as for a bind-mounted file
+        raise OSError(errno.EBUSY, "Device or resource busy", str(dst))
+
+    monkeypatch.setattr(agent.os, "replace", busy)
+    assert not call_tool(ctx, tool, **args).startswith("Error")
+    assert (tmp_path / "keep.txt").read_text() == "new text\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("tool, args", WRITES)
+def test_writes_keep_another_users_ownership(ctx, tmp_path, tool, args):
+    (tmp_path / "keep.txt").write_text("old text\n")
+    os.chown(tmp_path / "keep.txt", 12345, 12345)
+    assert not call_tool(ctx, tool, **args).startswith("Error")
+    assert (tmp_path / "keep.txt").read_text() == "new text\n"
+    st = (tmp_path / "keep.txt").stat()
+    assert (st.st_uid, st.st_gid) == (12345, 12345)
+
+
+@pytest.mark.parametrize("tool, args", [(tool, {**args, "file_path": "link.txt"}) for tool, args in WRITES])
+def test_a_write_error_names_the_path_the_model_gave(ctx, tmp_path, monkeypatch, tool, args):
+    (tmp_path / "keep.txt").write_text("old text\n")
+    (tmp_path / "link.txt").symlink_to("keep.txt")
+
+    def read_only(src, dst):
+        raise OSError(errno.EROFS, "Read-only file system", str(dst))
+
+    monkeypatch.setattr(agent.os, "replace", read_only)
+    assert call_tool(ctx, tool, **args) == "Error: cannot write link.txt: Read-only file system"
+    assert (tmp_path / "keep.txt").read_text() == "old text\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt", "link.txt"]
+
+
 # --- Edit -----------------------------------------------------------------------------------------
 
 
@@ -175,6 +267,20 @@ def test_edit_errors_leave_the_file_untouched(ctx, tmp_path, content, old, new, 
 def test_edit_missing_file(ctx):
     assert call_tool(ctx, "Edit", file_path="gone.py", old_string="a", new_string="b").startswith(
         "Error: file not found: gone.py")
+
+
+def test_edit_gives_added_lines_the_crlf_ending(ctx, tmp_path):
+    (tmp_path / "w.txt").write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    call_tool(ctx, "Edit", file_path="w.txt", old_string="two", new_string="two\nand a half\nnearly")
+    assert (tmp_path / "w.txt").read_bytes() == b"one\r\ntwo\r\nand a half\r\nnearly\r\nthree\r\n"
+
+
+@pytest.mark.parametrize("bom, codec", [(codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be")])
+def test_edit_keeps_utf16_and_its_bom(ctx, tmp_path, bom, codec):
+    (tmp_path / "u.txt").write_bytes(bom + "a = 'é'\nb = 2\n".encode(codec))
+    assert call_tool(ctx, "Edit", file_path="u.txt", old_string="b = 2", new_string="b = '✓'") == \
+        "Edited u.txt: replaced 1 occurrence"
+    assert (tmp_path / "u.txt").read_bytes() == bom + "a = 'é'\nb = '✓'\n".encode(codec)
 
 
 # --- Bash -----------------------------------------------------------------------------------------
@@ -231,6 +337,77 @@ def test_bash_never_sees_secrets(tmp_path):
         assert hidden not in out
 
 
+@pytest.fixture
+def stop_signals_raise():
+    """Stop signals unwind as in cli(): Ctrl-C as KeyboardInterrupt, SIGTERM and SIGHUP as Terminated."""
+    def terminated(signum, frame):
+        raise agent.Terminated(signum)
+    handlers = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: terminated, signal.SIGHUP: terminated}
+    saved = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("sig, raised", [
+    (signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, agent.Terminated), (signal.SIGHUP, agent.Terminated),
+])
+def test_bash_a_stop_signal_while_the_command_starts_still_kills_it(ctx, monkeypatch, stop_signals_raise,
+                                                                      sig, raised):
+    started, real_popen = [], agent.subprocess.Popen
+
+    def popen_then_signal(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        os.kill(os.getpid(), sig)  # lands before Popen has returned to tool_bash
+        return started[-1]
+
+    monkeypatch.setattr(agent.subprocess, "Popen", popen_then_signal)
+    try:
+        with pytest.raises(raised):
+            call_tool(ctx, "Bash", command="sleep 60")
+        with pytest.raises(ProcessLookupError):
+            os.killpg(started[0].pid, 0)
+    finally:
+        for proc in started:
+            agent.signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def pipe_fds() -> int:
+    """How many pipe ends this process holds."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own fd is gone by now
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    return count
+
+
+def within(seconds: float, check) -> bool:
+    """Whether check() comes true before the deadline (polled)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_bash_pipes_held_by_background_processes_are_bounded(tmp_path):
+    ctx = agent.ToolContext(cwd=tmp_path, env=agent.command_env(dict(os.environ)), leftovers=agent.Leftovers(cap=2))
+    pipes, threads, groups = pipe_fds(), threading.active_count(), []
+    try:
+        for _ in range(5):
+            out = call_tool(ctx, "Bash", command="sleep 30 &")
+            groups += [int(n) for n in re.findall(r"process group (\d+)", out)]
+        assert len(groups) == 5
+        assert within(5, lambda: pipe_fds() <= pipes + 2), (pipe_fds(), pipes)
+        assert threading.active_count() <= threads + 1
+    finally:
+        for group in groups:
+            agent.signal_group(group, signal.SIGKILL)
+    assert within(5, lambda: pipe_fds() <= pipes)  # the drain thread closes the rest once the writers are gone
+
+
 # --- Glob -----------------------------------------------------------------------------------------
 
 
@@ -254,6 +431,68 @@ def test_glob_caps_the_list(ctx, tmp_path):
 
 def test_glob_missing_path(ctx):
     assert call_tool(ctx, "Glob", pattern="*", path="nowhere").startswith("Error: file not found: nowhere")
+
+
+def test_glob_expands_braces(ctx, tmp_path):
+    for name in ["a.ts", "sub/b.js", "c.py"]:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert set(call_tool(ctx, "Glob", pattern="**/*.{ts,js}").splitlines()) == {"a.ts", "sub/b.js"}
+
+
+@pytest.mark.parametrize("pattern, path, matches", [
+    ("**/*.py", "a.py", True),  # '**/' is zero folders ...
+    ("**/*.py", "x/y/a.py", True),  # ... or more
+    ("src/**/*.ts", "src/a.ts", True),
+    ("src/**/*.ts", "src/x/y/b.ts", True),
+    ("src/**/*.ts", "lib/src/a.ts", False),
+    ("*.py", "x/a.py", False),  # '*' stays within a name
+    ("a*", "ab/c", False),
+    ("?.py", "a.py", True),
+    ("a?c", "a/c", False),  # so does '?'
+    ("[!a]*.py", "b.py", True),
+    ("[!a]*.py", "a.py", False),
+    ("[a-c].txt", "b.txt", True),
+    ("*.{ts,{js,jsx}}", "x.jsx", True),  # nested braces
+    ("*.{ts,{js,jsx}}", "x.j", False),
+    ("{a,b", "{a,b", True),  # an unclosed '{' is literal
+    ("{a,b", "a", False),
+    ("a+(b).txt", "a+(b).txt", True),  # regex characters are literal
+])
+def test_glob_regex(pattern, path, matches):
+    assert (re.fullmatch(agent.glob_regex(pattern), path) is not None) is matches
+
+
+def make_dated_files(folder, count: int) -> None:
+    """Files f0000.txt, f0001.txt, ... each containing 'x', each newer than the one before."""
+    for i in range(count):
+        path = folder / f"f{i:04}.txt"
+        path.write_text("x")
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))
+
+
+@pytest.mark.parametrize("tool, args", [("Glob", {"pattern": "*.txt"}), ("Grep", {"pattern": "x"})])
+def test_newest_first_is_over_all_matches_with_the_true_total(ctx, tmp_path, tool, args):
+    make_dated_files(tmp_path, 2100)
+    lines = call_tool(ctx, tool, **args).splitlines()
+    assert lines[:100] == [f"f{i:04}.txt" for i in range(2099, 1999, -1)]
+    assert lines[100:] == ["[2000 more files not shown (2100 in all); narrow the search]"]
+
+
+def test_glob_says_a_folder_could_not_be_read(ctx, tmp_path, monkeypatch):
+    for name in ["a.py", "locked/b.py"]:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == str(tmp_path / "locked"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    out = call_tool(ctx, "Glob", pattern="**/*.py")
+    assert out.splitlines()[0] == "a.py" and "could not be read" in out and "locked" in out
 
 
 # --- Grep -----------------------------------------------------------------------------------------
@@ -297,6 +536,42 @@ def test_grep_count_and_head_limit(ctx, tree):
     out = call_tool(ctx, "Grep", pattern=".", output_mode="content", path="sub", head_limit=2)
     assert out.splitlines()[:2] == ["sub/c.py:1:# main entry", "sub/c.py:2:x = 1"]
     assert "more results not shown" in out
+
+
+def test_grep_glob_with_double_star_matches_zero_folders(ctx, tmp_path):
+    for name in ["src/a.ts", "src/x/b.ts", "src/c.js", "a.ts"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("needle")
+    out = call_tool(ctx, "Grep", pattern="needle", glob="src/**/*.ts")
+    assert set(out.splitlines()) == {"src/a.ts", "src/x/b.ts"}
+
+
+@pytest.mark.parametrize("length, at", [
+    (3_000, 2_500),
+    (3_000_000, 2_999_990),  # near the end of a line of several pieces
+    (3_000_000, "seam"),  # across the seam of two pieces
+])
+def test_grep_searches_whole_lines(ctx, tmp_path, length, at):
+    at = agent.GREP_PIECE - 3 if at == "seam" else at
+    line = "a" * at + "NEEDLE" + "b" * (length - at - 6)
+    (tmp_path / "long.txt").write_text("short\n" + line + "\nlast\n")
+    assert call_tool(ctx, "Grep", pattern="NEEDLE") == "long.txt"
+    out = call_tool(ctx, "Grep", pattern="NEEDLE", output_mode="content")
+    assert out.startswith("long.txt:2:...") and "NEEDLE" in out and len(out) < agent.GREP_LINE_LIMIT + 50
+
+
+def test_grep_says_a_file_could_not_be_read_and_lists_the_others(ctx, tree, monkeypatch):
+    real_open_text = agent.open_text
+
+    def open_text(path):
+        if path.name == "a.py":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open_text(path)
+
+    monkeypatch.setattr(agent, "open_text", open_text)
+    lines = call_tool(ctx, "Grep", pattern="main").splitlines()
+    assert lines[0] == "sub/c.py"
+    assert lines[1].startswith("[1 files or folders could not be read") and "a.py: Permission denied" in lines[1]
 
 
 @pytest.mark.parametrize("args, expected", [
