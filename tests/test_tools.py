@@ -458,6 +458,9 @@ def test_glob_expands_braces(ctx, tmp_path):
     ("{a,b", "{a,b", True),  # an unclosed '{' is literal
     ("{a,b", "a", False),
     ("a+(b).txt", "a+(b).txt", True),  # regex characters are literal
+    ("x[!a]y", "x/y", False),  # a class never matches '/'
+    ("[!]]b", "ab", True),  # a ']' first in a class is literal
+    ("[!]]b", "]b", False),
 ])
 def test_glob_regex(pattern, path, matches):
     assert (re.fullmatch(agent.glob_regex(pattern), path) is not None) is matches
