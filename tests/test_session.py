@@ -321,3 +321,31 @@ def test_model_without_a_name_shows_it_and_no_thinking_note_on_a_dumb_terminal(s
     assert "thinking" not in term.transcript and "\x1b[K" not in term.transcript
     term.send("/exit\r")
     assert term.wait() == 0
+
+
+def test_ctrl_c_while_a_finished_answer_prints_keeps_the_turn(serve, workspace):
+    """In process: the answer's printing is interrupted; the turn it ends must stay in the conversation."""
+    import io
+
+    from app import main as agent
+    server = serve(lambda body: reply(f"answer {len(user_turns(body))}"))
+    cfg = agent.Config(api_key="k", cwd=workspace, base_url=server.url, tools=agent.TOOL_NAMES)
+    session = agent.Session(cfg, {}, agent.Streams(io.StringIO(), io.StringIO(), io.StringIO()))
+    prompts, printed = ["first", "second"], []
+
+    def next_prompt() -> str:
+        if not prompts:
+            raise EOFError
+        return prompts.pop(0)
+
+    def answer(text: str) -> None:
+        printed.append(text)
+        if len(printed) == 1:
+            raise KeyboardInterrupt  # Ctrl-C lands while the first answer is being printed
+
+    session.read_prompt, session.reporter.answer = next_prompt, answer
+    assert session.run() == 0
+    assert printed == ["answer 1", "answer 2"]
+    assert server.bodies[1]["messages"][1:] == [{"role": "user", "content": "first"},
+                                                {"role": "assistant", "content": "answer 1"},
+                                                {"role": "user", "content": "second"}]
