@@ -17,6 +17,7 @@ Environment:
     SOLO_READ_TIMEOUT        seconds to wait for a reply (default 300)
     SOLO_MAX_ATTEMPTS        tries per request for transient failures (default 6)
     SOLO_NO_CACHE=1          do not ask Anthropic models to cache the prompt
+    SOLO_NO_STREAM=1         ask for whole replies instead of streamed ones
     SOLO_PASS_ENV            names of secret-looking variables that commands may see (comma separated)
     SOLO_DEBUG=1             show Python tracebacks for internal errors
 
@@ -119,6 +120,8 @@ class Config(NamedTuple):
     yes: bool = False  # interactive session: run commands and edits without asking
     home: Path | None = None  # for ~/.claude/skills
     solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: the model-list cache (None: nothing kept)
+    stream: bool = True  # ask for server-sent events: text shows as it comes, and no reply has a time limit
+    partial_messages: bool = False  # stream-json: also a stream_event line per text delta
     session_id: str = ""  # sent as the x-session-id header: OpenRouter keeps the provider (and its cache)
 
 
@@ -140,10 +143,10 @@ class UsageError(AgentError):
 class ApiError(AgentError):
     """The API failed; `retryable` says whether trying again may help."""
 
-    def __init__(self, message: str, *, retryable: bool = False, retry_after: float | None = None):
+    def __init__(self, message: str, *, retryable: bool = False, retry_after: float | None = None,
+                 status: int | None = None):
         super().__init__(message)
-        self.retryable = retryable
-        self.retry_after = retry_after
+        self.retryable, self.retry_after, self.status = retryable, retry_after, status
 
 
 class ContextOverflow(ApiError):
@@ -1224,6 +1227,8 @@ def build_request(cfg: Config, messages: list[dict], specs: list[dict]) -> dict:
         body["cache_control"] = {"type": "ephemeral"}
     if specs:
         body["tools"] = specs
+    if cfg.stream:
+        body.update(stream=True, stream_options={"include_usage": True})  # OpenAI sends usage only when asked
     body["messages"] = [schema_message(m) for m in messages] if strict else messages
     return body
 
@@ -1351,6 +1356,19 @@ def is_overflow(status: int, message: str, error: Any) -> bool:
     return status in (400, 413) and re.search(pattern, message, re.IGNORECASE) is not None
 
 
+def api_failure(status: int, error: Any, wait: float | None = None) -> ApiError:
+    """The ApiError for an error object from the API (in a body or mid-stream), retryable by its code."""
+    message, code = error_message(status, error)
+    code = code if isinstance(code, int) else status
+    if is_overflow(code, message, error):
+        return ContextOverflow(f"HTTP {code}: {message}", status=code)
+    hint = STATUS_HINTS.get(code) or (
+        "the model may not support tool calls" if code == 404 and "endpoint" in message.lower() else "")
+    retryable = code not in FINAL_STATUSES and (code in RETRY_STATUSES or code >= 500 or status == 200)
+    return ApiError(f"HTTP {code}: {message}" + (f" ({hint})" if hint else ""), retryable=retryable, retry_after=wait,
+                    status=code)
+
+
 def judge(status: int, headers: Any, text: str) -> dict:
     """The parsed reply of one HTTP exchange; ApiError (retryable or not) for every kind of failure."""
     wait = retry_after(headers.get("Retry-After"))
@@ -1358,18 +1376,11 @@ def judge(status: int, headers: Any, text: str) -> dict:
         body = json.loads(text)
     except ValueError:
         excerpt = one_line(text, 120) or "(empty)"
-        raise ApiError(f"HTTP {status}: the API sent a non-JSON reply: {excerpt}",
+        raise ApiError(f"HTTP {status}: the API sent a non-JSON reply: {excerpt}", status=status,
                        retryable=status == 200 or status in RETRY_STATUSES or status >= 500, retry_after=wait) from None
     error = body.get("error") if isinstance(body, dict) else None
     if status != 200 or error:
-        message, code = error_message(status, error or body)
-        code = code if isinstance(code, int) else status
-        if is_overflow(status, message, error):
-            raise ContextOverflow(f"HTTP {status}: {message}")
-        hint = STATUS_HINTS.get(code) or (
-            "the model may not support tool calls" if code == 404 and "endpoint" in message.lower() else "")
-        retryable = code not in FINAL_STATUSES and (code in RETRY_STATUSES or code >= 500 or status == 200)
-        raise ApiError(f"HTTP {code}: {message}" + (f" ({hint})" if hint else ""), retryable=retryable, retry_after=wait)
+        raise api_failure(status, error or body, wait)
     if not isinstance(body, dict):
         raise ApiError("the API sent a reply that is not a JSON object", retryable=True)
     choice = first_choice(body)
@@ -1379,11 +1390,93 @@ def judge(status: int, headers: Any, text: str) -> dict:
     return body
 
 
-class ModelClient:
-    """Posts requests to OpenRouter over one session, retrying what is transient."""
+STREAMED_TEXT = {"content", "reasoning", "refusal", "arguments", "text", "summary", "data"}  # sent in pieces
 
-    def __init__(self, cfg: Config, *, log: Callable[[str], None], sleep: Callable[[float], None] = time.sleep):
-        self.cfg, self.log, self.sleep, self.info = cfg, log, sleep, None
+
+def merge_delta(into: dict, delta: dict) -> None:
+    """Add a streamed delta to what came before: text concatenates, lists by their items' `index`, other
+    values are set (a null never replaces a value)."""
+    for key, value in delta.items():
+        if isinstance(value, list) and key in ("tool_calls", "reasoning_details"):
+            parts = into.setdefault(key, {})
+            for item in value:
+                if isinstance(item, dict):
+                    index = item.get("index", len(parts))
+                    merge_delta(parts.setdefault(index, {}), item)
+        elif isinstance(value, dict):
+            merge_delta(into.setdefault(key, {}), value)
+        elif isinstance(value, str) and isinstance(into.get(key), str) and key in STREAMED_TEXT:
+            into[key] += value
+        elif value is not None or key not in into:
+            into[key] = value
+
+
+class StreamedReply:
+    """A streamed reply (server-sent events, taken in pieces split anywhere) rebuilt into the response a
+    non-streamed request would have got."""
+
+    def __init__(self, on_delta: Callable[[dict], None]):
+        self.pending, self.data, self.on_delta = b"", [], on_delta
+        self.response: dict = {}
+        self.choice: dict = {"message": {"role": "assistant"}}
+        self.done = False
+
+    def feed(self, chunk: bytes) -> None:
+        """Take the next bytes of the stream."""
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            line = line.removesuffix(b"\r")
+            if line.startswith(b"data:"):
+                self.data.append(line[5:].removeprefix(b" "))
+            elif not line and self.data:  # a blank line ends an event; ':' comments are keep-alives
+                data, self.data = b"\n".join(self.data), []
+                self.event(data)
+
+    def event(self, data: bytes) -> None:
+        """Take one event: a chunk of the reply, an error, or the end."""
+        if data.strip() == b"[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ApiError(f"the API sent a stream event that is not JSON: {one_line(data.decode(errors='replace'), 120)}",
+                           retryable=True) from None
+        if not isinstance(chunk, dict):
+            return
+        if chunk.get("error"):
+            raise api_failure(200, chunk["error"])
+        for key, value in chunk.items():
+            if key == "usage" or key not in self.response:  # usage comes last, alone
+                self.response[key] = value
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason") == "error":
+                message, _ = error_message(200, choice.get("error") or "the provider failed mid-reply")
+                raise ApiError(f"the provider failed mid-reply: {message}", retryable=True)
+            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            merge_delta(self.choice, {k: v for k, v in choice.items() if k not in ("delta", "index")})
+            merge_delta(self.choice["message"], delta)
+            self.on_delta(delta)
+
+    def result(self) -> dict:
+        """The whole response; ApiError when the stream stopped before the reply was complete."""
+        if not self.done and not self.choice.get("finish_reason"):
+            raise ApiError("the stream stopped before the reply was complete", retryable=True)
+        message = self.choice["message"]
+        for key in ("tool_calls", "reasoning_details"):
+            if isinstance(message.get(key), dict):
+                message[key] = [message[key][i] for i in sorted(message[key], key=lambda i: i if isinstance(i, int) else -1)]
+        return {**self.response, "object": "chat.completion", "choices": [{"index": 0, **self.choice}]}
+
+
+class ModelClient:
+    """Posts requests to OpenRouter over one session, retrying what is transient; streams when asked."""
+
+    def __init__(self, cfg: Config, *, emit: Callable[[dict], None], sleep: Callable[[float], None] = time.sleep):
+        self.cfg, self.emit, self.sleep, self.info = cfg, emit, sleep, None
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
         self.session = requests.Session()
         self.session.auth = self.authorize  # set, so requests never swaps in ~/.netrc's credentials
@@ -1401,19 +1494,35 @@ class ModelClient:
         return request
 
     def post(self, payload: bytes) -> dict:
-        """One HTTP exchange: the parsed reply, or ApiError."""
-        timeouts = (self.cfg.connect_timeout, self.cfg.read_timeout)
+        """One HTTP exchange: the parsed (or rebuilt, when streamed) reply, or ApiError."""
+        started = time.monotonic()
+        first, status = None, None
         try:
-            response = self.session.post(self.url, data=payload, timeout=timeouts)
-        except requests.Timeout:
-            raise ApiError(f"no reply within {self.cfg.read_timeout:g} s", retryable=True) from None
+            # the read timeout is the longest silence between bytes, so a long streamed reply is fine
+            with self.session.post(self.url, data=payload, stream=True,
+                                   timeout=(self.cfg.connect_timeout, self.cfg.read_timeout)) as response:
+                status = response.status_code
+                if status != 200 or "text/event-stream" not in response.headers.get("Content-Type", ""):
+                    return judge(status, response.headers, response.content.decode("utf-8", errors="replace"))
+                reply = StreamedReply(lambda delta: self.emit({"type": "delta", "delta": delta}))
+                for chunk in response.iter_content(chunk_size=None):  # each piece as it arrives
+                    first = first or time.monotonic()
+                    reply.feed(chunk)
+                return reply.result()
         except requests.RequestException as error:
             if "Connection refused" in str(error) and on_loopback(self.url):  # nothing to wait for
                 raise ApiError(f"could not reach {self.url}: connection refused (is the server running?)") from None
-            found = re.search(r"\[Errno -?\d+\][^'\")]*|Connection aborted|Remote end closed[^'\")]*", str(error))
+            if isinstance(error, requests.Timeout) or "timed out" in str(error):
+                raise ApiError(f"no data from the API for {self.cfg.read_timeout:g} s", retryable=True) from None
+            found = re.search(r"\[Errno -?\d+\][^'\")]*|Connection aborted|Remote end closed[^'\")]*|"
+                              r"Connection broken[^'\")]*", str(error))
             reason = found.group(0) if found else one_line(str(error), 160)
-            raise ApiError(f"could not reach {self.url}: {reason}", retryable=True) from None
-        return judge(response.status_code, response.headers, response.content.decode("utf-8", errors="replace"))
+            raise ApiError(f"{'the stream broke' if status else f'could not reach {self.url}'}: {reason}",
+                           retryable=True) from None
+        finally:
+            ended = time.monotonic()
+            self.emit({"type": "reply", "status": status, "seconds": round(ended - started, 3),
+                       "first_byte_seconds": round((first or ended) - started, 3)})
 
     def model_info(self) -> dict:
         """The model's entry of the API's model list (context_length, top_provider, pricing), kept a day under
@@ -1449,7 +1558,8 @@ class ModelClient:
                 if not error.retryable or attempt >= self.cfg.max_attempts or waited + wait > TOTAL_WAIT_CAP:
                     raise
                 attempt += 1
-                self.log(f"retrying in {wait:.1f} s (attempt {attempt}/{self.cfg.max_attempts}): {error}")
+                self.emit({"type": "api_retry", "attempt": attempt, "max_retries": self.cfg.max_attempts,
+                           "retry_delay_ms": int(wait * 1000), "error_status": error.status, "error": str(error)})
                 self.sleep(wait)
                 waited += wait
 
@@ -1458,29 +1568,38 @@ class ModelClient:
 
 
 class Usage:
-    """Tokens and cost summed over every request of a run, sub-agents included."""
+    """Tokens and cost summed over every request of a run, sub-agents included, per model and in all."""
 
     def __init__(self) -> None:
-        self.requests = self.prompt_tokens = self.completion_tokens = 0
-        self.cached_tokens = self.cache_write_tokens = 0
-        self.cost: float | None = None  # USD; None until a reply reports it
+        self.requests, self.priced = 0, False  # priced: some reply reported its cost
+        self.models: dict[str, list[float]] = {}  # model: prompt, completion, cached, cache-write tokens, cost
         self.unpriced = [0, 0]  # prompt and completion tokens of replies that reported no cost
         self.estimated = False  # --max-cost has said it estimates
 
-    def add(self, usage: Any) -> None:
+    prompt_tokens = property(lambda self: self.total(0))
+    completion_tokens = property(lambda self: self.total(1))
+    cached_tokens = property(lambda self: self.total(2))
+    cache_write_tokens = property(lambda self: self.total(3))
+    cost = property(lambda self: self.total(4) if self.priced else None)  # USD; None until a reply reports it
+
+    def total(self, column: int) -> Any:
+        """One column summed over the models."""
+        return sum(row[column] for row in self.models.values())
+
+    def add(self, usage: Any, model: str = "") -> None:
         """Count one reply's `usage` object."""
         self.requests += 1
         usage = usage if isinstance(usage, dict) else {}
         details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
-        for name, source in (("prompt_tokens", usage), ("completion_tokens", usage),
-                             ("cached_tokens", details), ("cache_write_tokens", details)):
-            if isinstance(source.get(name), (int, float)):
-                setattr(self, name, getattr(self, name) + int(source[name]))
-        if isinstance(usage.get("cost"), (int, float)):
-            self.cost = (self.cost or 0.0) + usage["cost"]
-        else:
-            for i, name in enumerate(("prompt_tokens", "completion_tokens")):
-                self.unpriced[i] += int(usage.get(name) or 0) if isinstance(usage.get(name), (int, float)) else 0
+        values = [usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens"),
+                  details.get("cache_write_tokens"), usage.get("cost")]
+        values = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values]
+        row = self.models.setdefault(model, [0, 0, 0, 0, 0.0])
+        for i, value in enumerate(values):
+            row[i] += (value or 0) if i == 4 else int(value or 0)
+        self.priced = self.priced or values[4] is not None
+        if values[4] is None:
+            self.unpriced = [self.unpriced[0] + int(values[0] or 0), self.unpriced[1] + int(values[1] or 0)]
 
     def line(self) -> str:
         """A one-line summary for stderr."""
@@ -1537,12 +1656,17 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
               "is_error": content.startswith("Error:"), "seconds": time.monotonic() - started})
 
 
+def content_text(message: dict) -> str:
+    """A message's text; content given as parts is joined, odd parts skipped."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
 def final_answer(message: dict, finish: Any, emit: Callable[[dict], None]) -> str:
     """The text of a reply without tool calls; a filtered reply is an error, a cut one a warning."""
-    content = message.get("content")
-    if isinstance(content, list):  # some providers send content parts; odd ones are skipped
-        content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    text = content if isinstance(content, str) else ""
+    text = content_text(message)
     if finish == "content_filter":
         raise ApiError("the provider's content filter stopped the reply" + (f": {one_line(text, 100)}" if text else ""))
     if finish == "length":
@@ -1577,11 +1701,12 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
         if cfg.max_turns and turn > cfg.max_turns:
             return Outcome("", "error_max_turns", cfg.max_turns)
         response = request_reply(cfg, messages, specs, model, emit)
-        usage.add(response.get("usage"))
+        usage.add(response.get("usage"), cfg.model)
         choice = first_choice(response)
         message = assistant_message(choice["message"], turn, seen_ids)
         messages.append(message)
-        emit({"type": "assistant", "message": message, "usage": response.get("usage")})
+        emit({"type": "assistant", "message": message, "usage": response.get("usage"), "id": response.get("id"),
+              "model": response.get("model") or cfg.model, "finish_reason": choice.get("finish_reason")})
         if not message.get("tool_calls"):
             return Outcome(final_answer(message, choice.get("finish_reason"), emit), turns=turn)
         run_calls(message, tools, ctx, messages, emit, cut=choice.get("finish_reason") == "length")
@@ -1598,7 +1723,7 @@ class Agent:
         self.cfg, self.emit, self.usage = cfg, emit, Usage()
         def notice(text: str) -> None:
             emit({"type": "notice", "text": text})
-        self.model = ModelClient(cfg, log=notice, sleep=sleep)
+        self.model = ModelClient(cfg, emit=emit, sleep=sleep)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
         self.ctx = ToolContext(cfg.cwd, command_env(env, cfg.pass_env), self.skills, confirm, self.fork, Leftovers())
@@ -1683,6 +1808,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--connect-timeout", metavar="S", type=positive(float), help="seconds to connect to the API (default 10)")
     add("--read-timeout", metavar="S", type=positive(float), help="seconds to wait for a reply (default 300)")
     add("--no-cache", action="store_true", help="do not ask Anthropic models to cache the prompt")
+    add("--no-stream", action="store_true", help="ask for whole replies instead of streamed ones")
+    add("--include-partial-messages", action="store_true", help="stream-json: a stream_event line per text delta")
     add("--pass-env", metavar="NAMES", default="", help="secret-looking variables commands may still see")
     add("--yes", "-y", action="store_true", help="session: run commands and edits without asking")
     add("--version", action="store_true", help="print the version and exit")
@@ -1734,10 +1861,12 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         tools=select_tools(args.allowed_tools, args.disallowed_tools),
         append_system_prompt=args.append_system_prompt, trace_path=args.trace,
         cache=not (args.no_cache or env.get("SOLO_NO_CACHE", "") not in ("", "0")),
+        stream=not (args.no_stream or env.get("SOLO_NO_STREAM", "") not in ("", "0")),
+        partial_messages=args.include_partial_messages,
         pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))),
         yes=args.yes, home=home,
         solo_home=Path(solo_home) if solo_home else home and home / ".solo",
-        session_id=f"solo-{os.urandom(16).hex()}",  # uuid costs start-up
+        session_id=new_uuid(),
     )
 
 
@@ -1777,23 +1906,50 @@ def visible(text: str) -> str:
     return "".join(ch if ch.isprintable() or ch in "\n\t" else ascii(ch)[1:-1] for ch in text)
 
 
-def result_object(outcome: Outcome | None, error: str, usage: Usage, turns: int, started: float,
-                  session_id: str) -> dict:
-    """The closing result object of --output-format json and stream-json."""
+def new_uuid() -> str:
+    """A random (version 4) UUID, made without the uuid module, which costs start-up time."""
+    raw = bytearray(os.urandom(16))
+    raw[6], raw[8] = raw[6] & 0x0F | 0x40, raw[8] & 0x3F | 0x80
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def result_object(outcome: Outcome | None, error: str, usage: Usage, started: float, session_id: str,
+                  reporter: Reporter | None = None) -> dict:
+    """The closing result object of --output-format json and stream-json, in Claude Code's shape."""
     subtype = outcome.subtype if outcome else "error_during_execution"
     return {
         "type": "result", "subtype": subtype, "is_error": subtype != "success",
         "result": outcome.answer if outcome and subtype == "success" else error,
-        "num_turns": turns, "duration_ms": int((time.monotonic() - started) * 1000),
+        "num_turns": reporter.turns if reporter else 0, "duration_ms": int((time.monotonic() - started) * 1000),
+        "duration_api_ms": int((reporter.api_seconds if reporter else 0) * 1000),
+        "stop_reason": reporter.stop_reason if reporter else None,
         "total_cost_usd": usage.cost, "session_id": session_id,
         "usage": {"requests": usage.requests, "input_tokens": usage.prompt_tokens,
                   "output_tokens": usage.completion_tokens, "cache_read_input_tokens": usage.cached_tokens,
                   "cache_creation_input_tokens": usage.cache_write_tokens},
+        "modelUsage": {model: {"inputTokens": row[0], "outputTokens": row[1], "cacheReadInputTokens": row[2],
+                               "cacheCreationInputTokens": row[3], "costUSD": row[4]}
+                       for model, row in usage.models.items()},
+        "permission_denials": reporter.denials if reporter else [], "uuid": new_uuid(),
     }
 
 
+def claude_blocks(message: dict) -> list[dict]:
+    """An assistant message's content as Claude Code's blocks: text, then one tool_use per call."""
+    blocks = [{"type": "text", "text": text}] if (text := content_text(message)) else []
+    for call in message.get("tool_calls") or []:
+        try:
+            arguments = parse_arguments(call["function"]["arguments"])
+        except ValueError:
+            arguments = {}
+        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments})
+    return blocks
+
+
 class Reporter:
-    """Shows a run's events: notices and the verbose trace on stderr, stream-json on stdout, a trace file."""
+    """Shows a run's events: notices, live text and the verbose trace on stderr or a session's stdout,
+    Claude Code's stream-json on stdout, and every event in a trace file."""
 
     def __init__(self, cfg: Config, streams: Streams, *, interactive: bool = False, fancy: bool = False):
         self.cfg, self.streams, self.interactive, self.fancy, self.turns = cfg, streams, interactive, fancy, 0
@@ -1802,28 +1958,79 @@ class Reporter:
         except OSError as error:
             raise UsageError(f"cannot open the trace file: {error}") from None
         self.showing = False  # the 'thinking' note is on the terminal
+        self.live = self.streamed = self.answered = False  # text on stdout: its line open / this reply / last reply
+        self.api_seconds, self.stop_reason, self.denials = 0.0, None, []
 
     def say(self, text: str) -> None:
         """A line on stderr; a stderr that is gone costs nothing but the line."""
         self.thinking(False)
         with contextlib.suppress(OSError):
+            self.end_line()
             print(f"solo: {redact(text, self.cfg.api_key)}", file=self.streams.stderr, flush=True)
+
+    def end_line(self) -> None:
+        """End the line of streamed text on stdout, if one is open."""
+        if self.live:
+            self.streams.stdout.write("\n")
+            self.streams.stdout.flush()
+            self.live = False
 
     def __call__(self, event: dict) -> None:
         """Take one event from the agent."""
         kind = event["type"]
-        if self.trace:
+        if self.trace and kind != "delta":  # the reply's rebuilt message follows as 'assistant'
             self.trace.write(json.dumps({"time": round(time.time(), 3), **event}, ensure_ascii=False) + "\n")
             self.trace.flush()
+        if kind == "delta":
+            return self.delta(event["delta"])
         self.thinking(kind == "request")
-        self.turns += kind == "assistant"
-        if kind == "notice":
+        if kind == "reply":
+            self.api_seconds += event["seconds"]
+        elif kind == "assistant":
+            self.turns, self.stop_reason = self.turns + 1, event["finish_reason"]
+            self.answered, self.streamed = self.streamed, False
+            self.end_line()
+        elif kind == "notice":
             self.say(event["text"])
+        elif kind == "api_retry":
+            cut = " (the text above was cut off)" if self.streamed else ""
+            self.streamed = False
+            self.say(f"retrying in {event['retry_delay_ms'] / 1000:.1f} s (attempt {event['attempt']}/"
+                     f"{event['max_retries']}): {event['error']}{cut}")
         elif kind == "tool_result" and (self.cfg.verbose or self.interactive):
             self.say(f"{event['name']}({one_line(event['arguments'], 80)}) -> {'error' if event['is_error'] else 'ok'}, "
                      f"{len(event['content'])} chars, {event['seconds']:.2f} s")
-        if self.cfg.output_format == "stream-json" and kind in ("assistant", "tool_call", "tool_result"):
-            self.write_json({k: v for k, v in event.items() if k != "seconds"})
+        if self.cfg.output_format == "stream-json" and kind in ("assistant", "tool_result", "api_retry"):
+            self.write_json(self.claude_event(event))
+
+    def claude_event(self, event: dict) -> dict:
+        """An event as Claude Code's stream-json writes it."""
+        kind, common = event["type"], {"parent_tool_use_id": None, "session_id": self.cfg.session_id, "uuid": new_uuid()}
+        if kind == "assistant":
+            message = {"id": event["id"], "type": "message", "role": "assistant", "model": event["model"],
+                       "content": claude_blocks(event["message"]), "stop_reason": event["finish_reason"],
+                       "usage": event["usage"]}
+            return {"type": "assistant", "message": message, **common}
+        if kind == "tool_result":
+            result = {"type": "tool_result", "tool_use_id": event["id"], "content": event["content"],
+                      "is_error": event["is_error"]}
+            return {"type": "user", "message": {"role": "user", "content": [result]}, **common}
+        return {"type": "system", "subtype": kind, **{k: v for k, v in event.items() if k != "type"}, **common}
+
+    def delta(self, delta: dict) -> None:
+        """A piece of a streamed reply: its text shows at once in a session and as stream_event lines."""
+        text = delta.get("content")
+        if not isinstance(text, str) or not text:
+            return
+        if self.cfg.output_format == "stream-json" and self.cfg.partial_messages:
+            event = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+            self.write_json({"type": "stream_event", "event": event, "parent_tool_use_id": None,
+                             "session_id": self.cfg.session_id, "uuid": new_uuid()})
+        if self.interactive:
+            self.thinking(False)
+            self.streams.stdout.write(for_terminal(text, self.streams.stdout))
+            self.streams.stdout.flush()
+            self.live = self.streamed = True
 
     def write_json(self, obj: dict) -> None:
         """One JSON object as a line on stdout."""
@@ -1886,6 +2093,10 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
     reporter = Reporter(cfg, streams)
     agent = Agent(cfg, env, reporter)
+    if cfg.output_format == "stream-json":
+        reporter.write_json({"type": "system", "subtype": "init", "session_id": cfg.session_id, "cwd": str(cfg.cwd),
+                             "model": cfg.model, "tools": list(agent.tools), "mcp_servers": [],
+                             "permissionMode": "bypassPermissions", "version": VERSION, "uuid": new_uuid()})
     outcome, error, code = None, "", EXIT_OK
     try:
         outcome = agent.ask(agent.conversation(), prompt, context)
@@ -1899,7 +2110,7 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     if cfg.verbose:
         reporter.say(f"done: {reporter.turns} turns, {agent.usage.line()}")
     if cfg.output_format != "text":
-        reporter.write_json(result_object(outcome, error, agent.usage, reporter.turns, started, cfg.session_id))
+        reporter.write_json(result_object(outcome, error, agent.usage, started, cfg.session_id, reporter))
     elif outcome and code == EXIT_OK:
         reporter.answer(outcome.answer)
     return code
@@ -2035,7 +2246,10 @@ class Session:
                 self.reporter.say(str(error) if isinstance(error, AgentError) else "cancelled")
                 continue
             with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing
-                self.reporter.answer(outcome.answer if outcome.subtype == "success" else f"(stopped: {outcome.subtype})")
+                if outcome.subtype != "success":
+                    self.reporter.say(f"stopped: {outcome.subtype}")
+                elif not self.reporter.answered:  # a streamed answer is on the screen already
+                    self.reporter.answer(outcome.answer)
 
 
 def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, streams: Streams | None = None) -> int:
@@ -2066,7 +2280,7 @@ def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, st
         say(message)
         if args is not None and args.output_format != "text":
             with contextlib.suppress(OSError):
-                print(json.dumps(result_object(None, message, Usage(), 0, started, "")), file=streams.stdout, flush=True)
+                print(json.dumps(result_object(None, message, Usage(), started, "")), file=streams.stdout, flush=True)
         return code
 
 

@@ -1,9 +1,11 @@
 """A fake OpenRouter on 127.0.0.1 for end-to-end tests and benchmarks.
 
 A test hands it a `model`: a function from the parsed request body to what to answer: a response dict
-(sent as JSON 200), a `Raw(status, body, headers)`, or `DROP` to close the connection unanswered. The
-server checks what the real proxy checks (path, model family, auth header), validates every body
-against OpenAI's published request schema, and records every request.
+(sent as JSON 200, or, when the request asks to stream, as OpenRouter streams it: server-sent events
+with the text in pieces and tool calls in fragments), a `Stream` of exact events, a `Raw(status, body,
+headers)`, or `DROP` to close the connection unanswered. The server checks what the real proxy checks
+(path, model family, auth header), validates every body against OpenAI's published request schema, and
+records every request.
 """
 
 from __future__ import annotations
@@ -31,6 +33,46 @@ class Raw:
     status: int
     body: Any = ""
     headers: dict = field(default_factory=dict)
+
+
+@dataclass
+class Stream:
+    """A streamed answer: dicts are sent as `data:` events, strings as they are (': comment' lines,
+    'data: [DONE]'), numbers are pauses in seconds; `drop` closes the connection after them, unfinished."""
+
+    events: list
+    drop: bool = False
+
+
+def pieces(text: str, size: int) -> list[str]:
+    """Text cut into pieces of `size` characters."""
+    return [text[i: i + size] for i in range(0, len(text), size)]
+
+
+def streamed(response: dict) -> Stream:
+    """A response (or an error body) as OpenRouter streams it: the role first, the text in small pieces,
+    each tool call's id and name then its arguments in fragments, the finish reason, the usage, [DONE]."""
+    if not response.get("choices"):
+        return Stream([response, "data: [DONE]\n\n"])
+    base = {k: response[k] for k in ("id", "created", "model", "provider") if k in response}
+    choice, message = response["choices"][0], dict(response["choices"][0]["message"])
+
+    def chunk(delta: dict, finish: str | None = None) -> dict:
+        return {**base, "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "native_finish_reason": None}]}
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": piece}) for piece in pieces(message.pop("content", None) or "", 7)]
+    for index, call in enumerate(message.pop("tool_calls", None) or []):
+        function = call["function"]
+        events.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                             "function": {"name": function["name"], "arguments": ""}}]}))
+        events += [chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                   for piece in pieces(function["arguments"], 9)]
+    events += [chunk({key: value}) for key, value in message.items() if key != "role"]
+    events += [chunk({}, choice.get("finish_reason")), {**base, "object": "chat.completion.chunk", "choices": [],
+                                                         "usage": response.get("usage")}, "data: [DONE]\n\n"]
+    return Stream(events)
 
 
 def call(name: str, args: Any = None, id: str | None = None) -> dict:
@@ -145,9 +187,13 @@ class FakeOpenRouter:
                 except Exception as error:  # a broken script shows up as a 500 and a problem
                     server.problems.append(f"model script raised {error!r}")
                     result = Raw(500, {"error": {"code": 500, "message": repr(error)}})
+                if isinstance(result, dict) and json.loads(raw or b"{}").get("stream"):
+                    result = streamed(result)
                 self.reply_with(result)
 
             def reply_with(self, result: Any) -> None:
+                if isinstance(result, Stream):
+                    return self.stream(result)
                 if result is DROP:
                     self.close_connection = True
                     self.connection.shutdown(2)
@@ -163,5 +209,26 @@ class FakeOpenRouter:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def stream(self, answer: Stream) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in answer.events:
+                    if isinstance(event, (int, float)):
+                        time.sleep(event)
+                        continue
+                    data = (event if isinstance(event, str) else f"data: {json.dumps(event)}\n\n").encode()
+                    try:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                    except OSError:  # the client went away (cancelled)
+                        return
+                if answer.drop:
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                else:
+                    self.wfile.write(b"0\r\n\r\n")
 
         return Handler

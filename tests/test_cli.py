@@ -42,8 +42,17 @@ def test_stream_json_emits_events_then_the_result(serve, run, workspace):
     server = serve(tool_then_answer)
     result = run(["-p", "q", "--output-format", "stream-json"], cwd=workspace, base_url=server.url)
     events = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [e["type"] for e in events] == ["assistant", "tool_call", "tool_result", "assistant", "result"]
-    assert events[2]["content"] == "hi\n[exit code 0]" and events[-1]["result"] == "answer: q"
+    assert [e["type"] for e in events] == ["system", "assistant", "user", "assistant", "result"]  # Claude Code's
+    init, call_event, result_event, answer, last = events
+    assert init["subtype"] == "init" and init["cwd"] == str(workspace) and init["model"] == "anthropic/claude-haiku-4.5"
+    assert "Bash" in init["tools"] and init["session_id"] == last["session_id"]
+    assert call_event["message"]["content"] == [{"type": "tool_use", "id": "c1", "name": "Bash",
+                                                 "input": {"command": "echo hi"}}]
+    assert result_event["message"] == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "c1", "content": "hi\n[exit code 0]", "is_error": False}]}
+    assert answer["message"]["content"] == [{"type": "text", "text": "answer: q"}]
+    assert last["result"] == "answer: q" and last["stop_reason"] == "stop" and last["permission_denials"] == []
+    assert last["duration_api_ms"] >= 0 and last["modelUsage"]["anthropic/claude-haiku-4.5"]["inputTokens"] == 200
 
 
 def test_verbose_traces_on_stderr_and_keeps_stdout_clean(serve, run, workspace):
@@ -108,9 +117,13 @@ def test_append_system_prompt_and_trace(serve, run, workspace, tmp_path):
     assert result.code == 0
     assert server.bodies[0]["messages"][0]["content"].endswith("Answer in French.")
     events = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert [e["type"] for e in events] == ["request", "assistant", "tool_call", "tool_result", "request", "assistant"]
+    assert [e["type"] for e in events] == ["request", "reply", "assistant", "tool_call", "tool_result",
+                                           "request", "reply", "assistant"]
     assert events[0]["body"] == server.bodies[0] and all("time" in e for e in events)
-    assert events[3]["seconds"] >= 0 and events[1]["usage"]["prompt_tokens"] == 100
+    assert events[4]["seconds"] >= 0 and events[2]["usage"]["prompt_tokens"] == 100
+    reply_event = events[1]  # the time to the first byte and in all, then the message rebuilt from the stream
+    assert reply_event["status"] == 200 and 0 <= reply_event["first_byte_seconds"] <= reply_event["seconds"]
+    assert events[2]["message"] == server.bodies[1]["messages"][2]
     assert "sk-test-secret-123" not in trace.read_text()
 
 

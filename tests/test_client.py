@@ -18,9 +18,10 @@ URL = "https://openrouter.test/api/v1/chat/completions"
 OK = reply("fine")
 
 
-def client(waits: list, logs: list, **overrides) -> agent.ModelClient:
+def client(waits: list, retries: list, **overrides) -> agent.ModelClient:
+    """A client whose waits and retry events are recorded instead of slept and shown."""
     cfg = agent.Config(api_key="sk-secret", cwd=Path("."), base_url="https://openrouter.test/api/v1/", **overrides)
-    return agent.ModelClient(cfg, log=logs.append, sleep=waits.append)
+    return agent.ModelClient(cfg, emit=lambda e: e["type"] == "api_retry" and retries.append(e), sleep=waits.append)
 
 
 def error(code, message="oops", **extra):
@@ -85,9 +86,10 @@ def test_failures(name):
         assert str(caught.value) == expected
     assert len(responses.calls) == retries + 1
     assert len(waits) == len(logs) == retries
-    assert all(line.startswith("retrying in ") for line in logs)
+    assert [e["retry_delay_ms"] for e in logs] == [int(w * 1000) for w in waits]
+    assert [e["attempt"] for e in logs] == list(range(2, retries + 2))
     if name.startswith("429"):
-        assert waits == [3.0] and "HTTP 429: slow down" in logs[0]
+        assert waits == [3.0] and logs[0]["error"] == "HTTP 429: slow down" and logs[0]["error_status"] == 429
 
 
 @responses.activate

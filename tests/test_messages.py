@@ -93,8 +93,9 @@ def test_build_request_for_anthropic():
     specs = [agent.TOOLS[0].spec()]
     assert agent.build_request(config(), messages, specs) == {
         "model": "anthropic/claude-haiku-4.5", "messages": messages, "tools": specs,
-        "cache_control": {"type": "ephemeral"},
+        "cache_control": {"type": "ephemeral"}, "stream": True, "stream_options": {"include_usage": True},
     }
+    assert "stream" not in agent.build_request(config(stream=False), messages, specs)
 
 
 def test_a_strict_server_gets_only_the_fields_of_openais_schema():

@@ -329,7 +329,7 @@ def test_ctrl_c_while_a_finished_answer_prints_keeps_the_turn(serve, workspace):
 
     from app import main as agent
     server = serve(lambda body: reply(f"answer {len(user_turns(body))}"))
-    cfg = agent.Config(api_key="k", cwd=workspace, base_url=server.url, tools=agent.TOOL_NAMES)
+    cfg = agent.Config(api_key="k", cwd=workspace, base_url=server.url, tools=agent.TOOL_NAMES, stream=False)
     session = agent.Session(cfg, {}, agent.Streams(io.StringIO(), io.StringIO(), io.StringIO()))
     prompts, printed = ["first", "second"], []
 
