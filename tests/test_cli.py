@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import select
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 from app import main as agent
+from tests.conftest import PROGRAM
 from tests.fake_openrouter import call, last_result, reply, tool_then
 
 
@@ -38,6 +43,22 @@ def test_json_output_for_a_failure_is_a_result_object_too(serve, run, workspace)
     assert "--max-turns" in obj["result"]
 
 
+@pytest.mark.parametrize("output_format", ["json", "stream-json"])
+@pytest.mark.parametrize("flags, env, message", [
+    (["-p", "q"], {"OPENROUTER_API_KEY": ""}, "OPENROUTER_API_KEY is not set"),
+    (["-p", ""], {}, "the prompt is empty"),
+    (["-p", "q", "--trace", "no/such/folder/trace.jsonl"], {}, "cannot open the trace file"),
+])
+def test_json_output_has_a_result_object_for_failures_before_the_run(serve, run, workspace, output_format,
+                                                                      flags, env, message):
+    server = serve(lambda body: reply("never"))
+    result = run([*flags, "--output-format", output_format], cwd=workspace, base_url=server.url, env=env)
+    assert result.code == 2 and len(result.stdout.splitlines()) == 1 and server.bodies == []
+    obj = json.loads(result.stdout)
+    assert (obj["type"], obj["subtype"], obj["is_error"]) == ("result", "error_during_execution", True)
+    assert obj["result"].startswith(message) and f"solo: {obj['result']}" in result.stderr
+
+
 def test_stream_json_emits_events_then_the_result(serve, run, workspace):
     server = serve(tool_then_answer)
     result = run(["-p", "q", "--output-format", "stream-json"], cwd=workspace, base_url=server.url)
@@ -64,13 +85,15 @@ def test_verbose_traces_on_stderr_and_keeps_stdout_clean(serve, run, workspace):
     assert lines[-1].startswith("solo: done: 2 turns, 2 requests, 200 prompt tokens (100 cached")
 
 
+def program_env(server) -> dict:
+    """The environment for running the program against this server."""
+    return {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
+
+
 def piped(server, workspace, args, text):
     """Run the program with `text` piped to its stdin."""
-    import os
-
-    from tests.conftest import PROGRAM
-    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
-    return subprocess.run([str(PROGRAM), *args], input=text, capture_output=True, text=True, cwd=workspace, env=env)
+    return subprocess.run([str(PROGRAM), *args], input=text, capture_output=True, text=True, cwd=workspace,
+                          env=program_env(server))
 
 
 def test_prompt_from_piped_stdin(serve, workspace):
@@ -84,6 +107,31 @@ def test_piped_stdin_is_added_to_a_p_prompt(serve, workspace):
     server = serve(lambda body: reply("ok"))
     assert piped(server, workspace, ["-p", "why?"], "ERROR: disk full\n").returncode == 0
     assert server.bodies[0]["messages"][1]["content"] == "why?\n\n<stdin>\nERROR: disk full\n</stdin>"
+
+
+def test_p_reads_piped_context_to_its_end_and_says_it_waits(serve, workspace):
+    server = serve(lambda body: reply("ok"))
+    proc = subprocess.Popen([str(PROGRAM), "-p", "why"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=workspace, env=program_env(server))
+    if not select.select([proc.stderr], [], [], 30)[0]:  # a program that neither says it waits nor stops
+        proc.kill()
+    assert proc.stderr.readline() == "solo: waiting for stdin to end (it is a pipe that is still open)\n"
+    proc.stdin.write("first\n")
+    proc.stdin.flush()
+    time.sleep(1.5)  # a writer that pauses before its last line; not a race: stdin is read to its end regardless
+    stdout, _ = proc.communicate("late\n", timeout=30)
+    assert (proc.returncode, stdout) == (0, "ok\n")
+    assert server.bodies[0]["messages"][1]["content"] == "why\n\n<stdin>\nfirst\nlate\n</stdin>"
+
+
+@pytest.mark.parametrize("args", [["-p", "why"], []])
+def test_piped_stdin_beyond_the_limit_keeps_head_and_tail_and_says_so(serve, workspace, args):
+    limit = agent.READ_LIMIT
+    server = serve(lambda body: reply("ok"))
+    proc = piped(server, workspace, args, "h" * limit + "m" * 100 + "t" * limit)
+    assert proc.returncode == 0
+    assert "h" * limit + "\n[... 100 bytes omitted ...]\n" + "t" * limit in server.bodies[0]["messages"][1]["content"]
+    assert f"solo: stdin was {2 * limit + 100} bytes; only its first and last {limit} bytes were kept\n" in proc.stderr
 
 
 def test_closed_stdin_adds_nothing(serve, run, workspace):
@@ -171,10 +219,46 @@ def test_api_key_is_redacted_from_errors(tmp_path, monkeypatch):
 
 
 def test_a_reader_that_leaves_early_gets_no_noise(serve, workspace):
-    import os
-    from tests.conftest import PROGRAM
     server = serve(lambda body: reply("y" * 2_000_000))
-    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
-    proc = subprocess.run(f"'{PROGRAM}' -p hi | head -c 5", shell=True, cwd=workspace, env=env, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(f"'{PROGRAM}' -p hi | head -c 5", shell=True, cwd=workspace, env=program_env(server),
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert proc.stdout == "yyyyy" and proc.stderr == ""
+
+
+@pytest.mark.parametrize("closed, stdout", [("2>&-", "answer: q\n"), (">&-", "")], ids=["stderr", "stdout"])
+def test_a_closed_stdout_or_stderr_does_not_crash_the_run(serve, workspace, closed, stdout):
+    server = serve(tool_then_answer)
+    proc = subprocess.run(["sh", "-c", f'"$0" -p q -v {closed}', str(PROGRAM)], cwd=workspace,
+                          env=program_env(server), stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout) == (0, stdout) and len(server.bodies) == 2
+    assert all(line.startswith("solo: ") for line in proc.stderr.splitlines())  # no traceback
+
+
+class Terminal(io.StringIO):
+    """An output stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("text, on_a_terminal", [
+    ("\x1b[31mred\x1b[0m", "red"),  # colour
+    ("\x1b]0;new title\x07shell", "shell"),  # window title
+    ("\x1b[2J\x1b[Hcleared", "cleared"),  # clear the screen, move the cursor
+    ("one-byte\x9b csi", "one-byte csi"),  # C1 control
+    ("bell\x07 back\bspace\r", "bell backspace"),
+    ("tab\tand\nnew line, ünïcode ✓", "tab\tand\nnew line, ünïcode ✓"),  # kept
+], ids=["colour", "title", "screen", "c1", "controls", "kept"])
+def test_escape_sequences_in_the_answer_are_stripped_only_on_a_terminal(text, on_a_terminal):
+    cfg = agent.Config(api_key="k", cwd=Path("."))
+    for stream, shown in ((Terminal(), on_a_terminal), (io.StringIO(), text)):
+        agent.Reporter(cfg, agent.Streams(None, stream, io.StringIO())).answer(text)
+        assert stream.getvalue() == shown + "\n"
+        assert agent.for_terminal(text, stream) == shown
+
+
+def test_a_piped_answer_keeps_escape_sequences_exactly(serve, run, workspace):
+    answer = "\x1b[1;31mbold red\x1b[0m \x1b]0;title\x07 \x9b bell\x07"
+    server = serve(lambda body: reply(answer))
+    result = run(["-p", "q"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, answer + "\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import os
 import time
 from pathlib import Path
 
@@ -134,6 +135,38 @@ def test_context_overflow_is_recognised(body):
     responses.add(responses.POST, URL, status=400, json=body)
     with pytest.raises(agent.ContextOverflow):
         client([], [])({"messages": []})
+
+
+@pytest.mark.parametrize("status, message, error, overflow", [
+    (400, "the request exceeds the available context size, try increasing it", None, True),  # llama.cpp
+    (400, "request (4476 tokens) exceeds the available context size (4096 tokens)", None, True),  # llama.cpp
+    (400, "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in "  # vLLM
+          "the messages, 1000 in the completion). Please reduce the length of the messages or completion.", None, True),
+    (400, "prompt is too long: 250000 tokens > 200000 maximum", None, True),  # Anthropic
+    (413, "prompt is too large", None, True),
+    (400, "Provider returned error", {"metadata": {"error_type": "context_length_exceeded"}}, True),
+    (400, "invalid model id", None, False),
+    (400, "max_tokens must be at least 1", None, False),
+    (429, "prompt is too long", None, False),  # only a refusal of the request itself (400, 413) is an overflow
+    (500, "the request exceeds the available context size", None, False),
+])
+def test_context_overflow_wordings(status, message, error, overflow):
+    assert agent.is_overflow(status, message, error) is overflow
+
+
+@responses.activate
+def test_netrc_never_replaces_the_api_key():
+    netrc = os.path.join(os.environ["HOME"], ".netrc")  # the test's own home (conftest)
+    with open(netrc, "w") as f:
+        f.write("machine openrouter.test login someone password hunter2\n")
+    os.chmod(netrc, 0o600)
+    responses.add(responses.POST, URL, json=OK)
+    responses.add(responses.GET, "https://openrouter.test/api/v1/models", json={"data": []})
+    model = client([], [])
+    model({"messages": []})
+    assert responses.calls[0].request.headers["Authorization"] == "Bearer sk-secret"
+    model.model_info()
+    assert responses.calls[1].request.headers["Authorization"] == "Bearer sk-secret"
 
 
 @responses.activate

@@ -40,6 +40,14 @@ def test_answers_a_prompt(serve, run, workspace):
     assert "sk-test-secret-123" not in result.stderr + result.stdout
 
 
+def test_every_request_carries_one_session_id_header_and_no_body_carries_it(serve, run, workspace):
+    server = serve(tool_then([call("Bash", {"command": "true"})], "done"))
+    result = run(["-p", "x", "--output-format", "json"], cwd=workspace, base_url=server.url)
+    ids = {next((v for k, v in headers.items() if k.lower() == "x-session-id"), None) for headers in server.headers}
+    assert result.code == 0 and len(server.bodies) == 2 and ids == {json.loads(result.stdout)["session_id"]}
+    assert all("session_id" not in body for body in server.bodies)
+
+
 def test_counts_the_advertised_tools(serve, run, workspace):
     server = serve(lambda body: reply(str(len(body["tools"]))))
     result = run(["-p", "How many tools do you have? Only the number."], cwd=workspace, base_url=server.url + "/")

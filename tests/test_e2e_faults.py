@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import time
 
+import pytest
+
+from app import main as agent
 from tests.conftest import PROGRAM
 from tests.fake_openrouter import DROP, Raw, call, reply
 
@@ -58,6 +63,24 @@ def test_unreachable_api_gives_up_with_one_line(run, workspace):
     assert result.stderr.strip().startswith("solo: could not reach http://127.0.0.1:9/api/v1/chat/completions")
 
 
+def test_a_refused_connection_on_this_machine_fails_at_once(run, workspace):
+    started = time.monotonic()
+    result = run(["-p", "x"], cwd=workspace, base_url="http://127.0.0.1:9/api/v1")
+    assert time.monotonic() - started < 6  # retrying with backoff would take 15 s or more
+    lines = result.stderr.splitlines()
+    assert result.code == 1 and len(lines) == 1 and "connection refused" in lines[0]
+
+
+@pytest.mark.parametrize("content, reasoning, notice", [
+    (None, "I thought it over", "the model's answer was empty (it only reasoned)"),
+    ("", None, "the model's answer was empty"),
+])
+def test_an_empty_answer_is_said_on_stderr(serve, run, workspace, content, reasoning, notice):
+    server = serve(lambda body: reply(content, reasoning=reasoning))
+    result = run(["-p", "x"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout.strip(), result.stderr) == (0, "", f"solo: {notice}\n")
+
+
 def test_max_turns_stops_with_exit_3(serve, run, workspace):
     server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": "echo again"})]))
     result = run(["-p", "loop forever", "--max-turns", "3"], cwd=workspace, base_url=server.url)
@@ -72,14 +95,33 @@ def test_max_cost_stops_with_exit_3(serve, run, workspace):
     assert result.code == 3 and len(server.bodies) == 3 and "--max-cost" in result.stderr
 
 
-def start_long_command(serve, workspace):
-    """The program running a 60 s command; returns (process, path of the command's pid file)."""
+PRICED = [{"id": "anthropic/claude-haiku-4.5", "pricing": {"prompt": "0.001", "completion": "0.002"}}]
+NO_COST = {"prompt_tokens": 10, "completion_tokens": 5}  # $0.02 a turn at PRICED, but no `cost` reported
+
+
+def test_max_cost_estimates_at_the_list_price_when_the_server_reports_no_cost(serve, run, workspace):
+    server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": "true"})], usage=NO_COST), models=PRICED)
+    result = run(["-p", "spend", "--max-cost", "0.05"], cwd=workspace, base_url=server.url)
+    assert result.code == 3 and len(server.bodies) == 3 and server.gets == ["/api/v1/models"]
+    assert result.stderr.count("--max-cost counts tokens at anthropic/claude-haiku-4.5's list price") == 1
+    assert "--max-cost limit was reached after 3 turns" in result.stderr
+
+
+def test_max_cost_without_a_known_price_stops_with_one_clear_line(serve, run, workspace):
+    server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": "true"})], usage=NO_COST))
+    result = run(["-p", "spend", "--max-cost", "0.05"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (2, "") and len(server.bodies) == 1
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("solo: --max-cost cannot be enforced")
+
+
+def start_long_command(serve, workspace, *flags, **popen):
+    """The program running a 60 s command; returns (process, the command's pid)."""
     pid_file = workspace / "pid"
     server = serve(sequence(reply(tool_calls=[call("Bash", {"command": f"echo $$ > {pid_file}; sleep 60"})]),
                             reply("never")))
     env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
-    proc = subprocess.Popen([str(PROGRAM), "-p", "run it"], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([str(PROGRAM), "-p", "run it", *flags], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     deadline = time.monotonic() + 20
     while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -112,3 +154,50 @@ def test_sigterm_exits_143(serve, workspace):
     assert proc.returncode == 143 and "Traceback" not in stderr
     time.sleep(0.2)
     assert process_gone(command_pid)
+
+
+def stop(proc: subprocess.Popen, sig: int) -> tuple[str, str]:
+    """Send a stop signal and wait for the program to end (killing it, and failing, if it does not)."""
+    proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"the program was still running 10 s after signal {sig}") from None
+
+
+def test_sighup_during_a_long_command_kills_it_and_exits_129(serve, workspace):
+    proc, command_pid = start_long_command(serve, workspace)
+    stdout, stderr = stop(proc, signal.SIGHUP)
+    assert (proc.returncode, stdout) == (129, "") and stderr.strip().endswith("solo: terminated")
+    assert process_gone(command_pid)
+
+
+def test_sigint_works_even_when_the_program_inherits_it_ignored(serve, workspace):
+    # a script's background job (`solo -p ... &`) starts with SIGINT ignored
+    proc, command_pid = start_long_command(serve, workspace,
+                                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    _, stderr = stop(proc, signal.SIGINT)
+    assert proc.returncode == 130 and stderr.strip().endswith("solo: interrupted")
+    assert process_gone(command_pid)
+
+
+@pytest.mark.parametrize("output_format", ["json", "stream-json"])
+def test_sigterm_with_json_output_still_prints_a_result_object(serve, workspace, output_format):
+    proc, _ = start_long_command(serve, workspace, "--output-format", output_format)
+    stdout, _ = stop(proc, signal.SIGTERM)
+    result = json.loads(stdout.splitlines()[-1])
+    assert proc.returncode == 143
+    assert (result["type"], result["subtype"], result["is_error"], result["result"]) == \
+        ("result", "error_during_execution", True, "terminated")
+
+
+def test_a_stop_signal_that_arrives_while_a_command_starts_is_not_lost(monkeypatch, ctx):
+    @contextlib.contextmanager
+    def delivered_at_the_end():  # what signals_held does with a signal that arrives during Popen
+        yield
+        raise agent.Terminated(signal.SIGTERM)
+    monkeypatch.setattr(agent, "signals_held", delivered_at_the_end)
+    with pytest.raises(agent.Terminated):
+        agent.tool_bash(ctx, "sleep 30")

@@ -71,6 +71,14 @@ def test_max_turns_stops_a_model_that_never_stops(tmp_path):
     assert every_call_answered_once(messages)
 
 
+def test_there_is_no_turn_limit_by_default(tmp_path):
+    assert agent.Config(api_key="k", cwd=tmp_path).max_turns is None
+    glob = reply(tool_calls=[call("Glob", {"pattern": "*.txt"})])
+    model = scripted(*[glob] * 150, reply("done at last"))
+    outcome, *_ = run(model, tmp_path)
+    assert outcome == agent.Outcome("done at last", "success", 151) and len(model.sent) == 151
+
+
 def test_max_cost_stops_the_run(tmp_path):
     costly = {"prompt_tokens": 10, "completion_tokens": 1, "cost": 0.3}
     model = scripted(*[reply(tool_calls=[call("Bash", {"command": "true"})], usage=costly)] * 5)
@@ -134,10 +142,13 @@ def test_events_describe_each_tool_call(tmp_path):
     assert result["content"] == "(no output)\n[exit code 1]" and result["seconds"] >= 0
 
 
-def test_content_parts_are_joined_into_the_answer(tmp_path):
-    parts = [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]
+@pytest.mark.parametrize("parts, answer", [
+    ([{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}], "two parts"),
+    ([{"type": "text", "text": None}, {"type": "text", "text": "the rest"}], "the rest"),
+])
+def test_content_parts_are_joined_into_the_answer(tmp_path, parts, answer):
     outcome, *_ = run(scripted(reply(parts)), tmp_path)
-    assert outcome.answer == "two parts"
+    assert outcome.answer == answer
 
 
 def test_blank_lines_around_the_answer_are_dropped_but_indentation_kept(tmp_path):
