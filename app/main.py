@@ -1702,6 +1702,7 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
             return Outcome("", "error_max_turns", cfg.max_turns)
         response = request_reply(cfg, messages, specs, model, emit)
         usage.add(response.get("usage"), cfg.model)
+        cost = spent(cfg, usage, info, emit) if cfg.max_cost is not None else 0.0  # unenforceable: before any tool
         choice = first_choice(response)
         message = assistant_message(choice["message"], turn, seen_ids)
         messages.append(message)
@@ -1710,7 +1711,7 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
         if not message.get("tool_calls"):
             return Outcome(final_answer(message, choice.get("finish_reason"), emit), turns=turn)
         run_calls(message, tools, ctx, messages, emit, cut=choice.get("finish_reason") == "length")
-        if cfg.max_cost is not None and spent(cfg, usage, info, emit) >= cfg.max_cost:
+        if cfg.max_cost is not None and cost >= cfg.max_cost:
             return Outcome("", "error_max_budget_usd", turn)
     raise AssertionError("unreachable")
 
@@ -2050,10 +2051,13 @@ class Reporter:
 
 def read_piped(stdin: Any, say: Callable[[str], None]) -> str:
     """Piped stdin to its end as text, its first and last READ_LIMIT characters kept; says when it waits."""
-    sink, fd = HeadTail(READ_LIMIT), stdin.fileno()
-    if not select.select([fd], [], [], 1.0)[0]:
-        say("waiting for stdin to end (it is a pipe that is still open)")
-    while chunk := os.read(fd, 1 << 16):
+    sink, fd, told = HeadTail(READ_LIMIT), stdin.fileno(), False
+    while True:
+        if not told and not select.select([fd], [], [], 1.0)[0]:  # quiet for a second: say why nothing happens
+            say("waiting for stdin to end (it is a pipe that is still open)")
+            told = True
+        if not (chunk := os.read(fd, 1 << 16)):
+            break
         sink.feed(chunk)
     if sink.total > 2 * sink.keep:
         say(f"stdin was {sink.total} bytes; only its first and last {sink.keep} bytes were kept")
