@@ -3,7 +3,7 @@
 Run from the repository root (after tests/setup.sh):  .venv/bin/python tests/bench.py [--quick]
 
 Prints a table of medians over several runs: start-up to first request, time per turn over a 200-turn
-session, peak RSS idle / reading a 1 GB file / running a command that prints 1 GB, the largest request
+session (whole replies and streamed), the delay from a streamed chunk to its line on stdout, peak RSS idle / reading a 1 GB file / running a command that prints 1 GB, the largest request
 body, and for prompt caching the share of each request that repeats the previous one byte for byte.
 Not collected by pytest: it takes minutes and its figures depend on the machine.
 """
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fake_openrouter import FakeOpenRouter, call, reply, tool_then
+from tests.fake_openrouter import FakeOpenRouter, Stream, call, reply, tool_then
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM, PYTHON = ROOT / "your_program.sh", ROOT / ".venv" / "bin" / "python"
@@ -94,21 +94,42 @@ def session_model(turns: int):
     return model
 
 
-def per_turn(workspace: Path, turns: int = 200) -> tuple[float, float, int]:
-    """Median seconds per turn for the agent and the minimal loop, and the largest agent body in bytes."""
+def per_turn(workspace: Path, turns: int = 200) -> tuple[dict[str, float], int]:
+    """Median seconds per turn: the agent streaming (as by default), the agent with whole replies, and the
+    minimal non-streamed requests loop; and the largest agent body in bytes."""
     (workspace / "small.txt").write_text("a small file\n" * 5)
-    agent, floor, largest = [], [], 0
+    commands = {"streamed": [str(PROGRAM), "-p", "go"], "whole": [str(PROGRAM), "-p", "go", "--no-stream"],
+                "floor": [str(PYTHON), "-c", FLOOR_LOOP, "URL", str(turns), "small.txt"]}
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    largest = 0
     for _ in range(max(3, RUNS // 2)):
-        with FakeOpenRouter(session_model(turns), validate=False) as server:
-            subprocess.run([str(PROGRAM), "-p", "go", "--max-turns", "1000"], cwd=workspace, env=env_for(server, workspace), check=True,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            agent.append((server.times[-1] - server.times[0]) / turns)
-            largest = max(largest, max(len(r) for r in server.raw))
-        with FakeOpenRouter(session_model(turns), validate=False) as server:
-            subprocess.run([str(PYTHON), "-c", FLOOR_LOOP, server.url, str(turns), "small.txt"], cwd=workspace,
-                           check=True, stdout=subprocess.DEVNULL)
-            floor.append((server.times[-1] - server.times[0]) / turns)
-    return statistics.median(agent), statistics.median(floor), largest
+        for name, command in commands.items():
+            with FakeOpenRouter(session_model(turns), validate=False) as server:
+                subprocess.run([server.url if arg == "URL" else arg for arg in command], cwd=workspace, check=True,
+                               env=env_for(server, workspace), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                times[name].append((server.times[-1] - server.times[0]) / turns)
+                largest = max(largest, max(len(r) for r in server.raw)) if name != "floor" else largest
+    return {name: statistics.median(values) for name, values in times.items()}, largest
+
+
+def chunk_to_stdout(workspace: Path, chunks: int = 60) -> float:
+    """Median seconds from a text chunk leaving the server to its stream_event line on the agent's stdout."""
+    sent: list[float] = []
+    events: list = []
+    for i in range(chunks):
+        events += [0.01, lambda: sent.append(time.monotonic()),
+                   {"choices": [{"index": 0, "delta": {"content": f"{i} "}}]}]
+    events += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, "data: [DONE]\n\n"]
+    delays = []
+    with FakeOpenRouter(lambda body: Stream(list(events)), validate=False) as server:
+        proc = subprocess.Popen([str(PROGRAM), "-p", "go", "--output-format", "stream-json", "--include-partial-messages"],
+                                cwd=workspace, env=env_for(server, workspace), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, bufsize=0)
+        for line in proc.stdout:
+            if b'"stream_event"' in line:
+                delays.append(time.monotonic() - sent[len(delays)])
+        proc.wait()
+    return statistics.median(delays)
 
 
 def memory(workspace: Path) -> dict[str, tuple[int, int]]:
@@ -148,15 +169,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
         workspace = Path(tmp)
         start_agent, start_floor = startup(workspace)
-        turn_agent, turn_floor, largest = per_turn(workspace)
+        turns, largest = per_turn(workspace)
+        delay = chunk_to_stdout(workspace)
         peaks = memory(workspace)
         share, sent = prefix_share(workspace)
     idle = peaks["idle (answer at once)"][0]
     rows = [
         ("start-up to first request", f"{start_agent * 1000:.0f} ms", f"{start_floor * 1000:.0f} ms",
          f"{start_agent / start_floor:.2f}x (target <= 1.2x)"),
-        ("time per turn, 200-turn session", f"{turn_agent * 1000:.2f} ms", f"{turn_floor * 1000:.2f} ms",
-         f"{turn_agent / turn_floor:.2f}x (target <= 1.3x)"),
+        ("time per turn, 200 turns, whole replies", f"{turns['whole'] * 1000:.2f} ms", f"{turns['floor'] * 1000:.2f} ms",
+         f"{turns['whole'] / turns['floor']:.2f}x (target <= 1.3x)"),
+        ("time per turn, 200 turns, streamed", f"{turns['streamed'] * 1000:.2f} ms", f"{turns['floor'] * 1000:.2f} ms",
+         f"{turns['streamed'] / turns['floor']:.2f}x (target <= 1.5x)"),
+        ("stream-json: chunk to stdout", f"{delay * 1000:.2f} ms", "", "median (target <= 5 ms)"),
         *[(f"peak RSS, {label}", f"{mb} MB", f"{idle} MB idle", f"+{mb - idle} MB (target <= +30 MB)")
           for label, (mb, _) in peaks.items()],
         ("largest request body", f"{max([largest] + [b for _, b in peaks.values()]) / 1000:.0f} kB", "", ""),

@@ -38,7 +38,8 @@ class Raw:
 @dataclass
 class Stream:
     """A streamed answer: dicts are sent as `data:` events, strings as they are (': comment' lines,
-    'data: [DONE]'), numbers are pauses in seconds; `drop` closes the connection after them, unfinished."""
+    'data: [DONE]'), numbers are pauses in seconds and functions are called (to wait for a test's
+    signal); `drop` closes the connection after them, unfinished."""
 
     events: list
     drop: bool = False
@@ -216,8 +217,8 @@ class FakeOpenRouter:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 for event in answer.events:
-                    if isinstance(event, (int, float)):
-                        time.sleep(event)
+                    if isinstance(event, (int, float)) or callable(event):
+                        time.sleep(event) if isinstance(event, (int, float)) else event()
                         continue
                     data = (event if isinstance(event, str) else f"data: {json.dumps(event)}\n\n").encode()
                     try:

@@ -194,3 +194,128 @@ def test_timeouts_are_passed_to_requests(monkeypatch):
     monkeypatch.setattr(model.session, "post", spy)
     model({"messages": []})
     assert seen["timeout"] == (2.5, 7.0)
+
+
+# --- Streaming: server-sent events rebuilt into the reply a non-streamed request would get ----------
+
+
+def sse(*events) -> bytes:
+    """Events as a server sends them: dicts as data lines, strings as they are."""
+    return b"".join((e if isinstance(e, str) else f"data: {json.dumps(e)}\n\n").encode() for e in events)
+
+
+def chunk(delta=None, finish=None, **top):
+    return {"id": "gen-1", "object": "chat.completion.chunk", "model": "m",
+            "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}], **top}
+
+
+def rebuild(data: bytes, cuts=()) -> tuple[dict, list]:
+    """Feed the bytes cut at these offsets; return the response and the deltas seen."""
+    deltas = []
+    reply = agent.StreamedReply(deltas.append)
+    for start, end in zip((0, *cuts), (*cuts, len(data))):
+        reply.feed(data[start:end])
+    return reply.result(), deltas
+
+
+USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "cost": 0.01, "prompt_tokens_details": {"cached_tokens": 4}}
+TEXT_STREAM = sse(": OPENROUTER PROCESSING\n\n", chunk({"role": "assistant", "content": ""}), chunk({"content": "Hél"}),
+                  chunk({"content": "lo ✓"}), chunk({}, "stop"), {"id": "gen-1", "choices": [], "usage": USAGE},
+                  "data: [DONE]\n\n")
+
+
+def test_a_stream_split_at_every_byte_offset_gives_the_same_reply():
+    whole, _ = rebuild(TEXT_STREAM)
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Héllo ✓"}
+    assert whole["choices"][0]["finish_reason"] == "stop" and whole["usage"] == USAGE and whole["id"] == "gen-1"
+    for cut in range(1, len(TEXT_STREAM)):
+        assert rebuild(TEXT_STREAM, (cut,))[0] == whole, cut
+    assert rebuild(TEXT_STREAM, tuple(range(1, len(TEXT_STREAM))))[0] == whole  # one byte at a time
+
+
+def test_crlf_lines_multi_line_data_and_comments():
+    data = TEXT_STREAM.replace(b"\n", b"\r\n") + b": trailing comment\r\n"
+    assert rebuild(data)[0]["choices"][0]["message"]["content"] == "Héllo ✓"
+    split = b'data: {"choices": [{"index": 0,\ndata: "delta": {"content": "x"}, "finish_reason": "stop"}]}\n\n'
+    assert rebuild(split)[0]["choices"][0]["message"]["content"] == "x"  # data lines of one event are joined
+
+
+def call_chunk(index, **fields):
+    return chunk({"tool_calls": [{"index": index, **fields}]})
+
+
+@pytest.mark.parametrize("pattern", [
+    # id and name first with arguments "" then string fragments
+    [call_chunk(0, id="a", type="function", function={"name": "Read", "arguments": ""}),
+     call_chunk(0, function={"arguments": '{"file_'}), call_chunk(0, function={"arguments": 'path": "x"}'})],
+    # the whole JSON in the first fragment
+    [call_chunk(0, id="a", type="function", function={"name": "Read", "arguments": '{"file_path": "x"}'})],
+    # arguments null first
+    [call_chunk(0, id="a", type="function", function={"name": "Read", "arguments": None}),
+     call_chunk(0, function={"arguments": '{"file_path": "x"}'})],
+    # the id repeated on every fragment
+    [call_chunk(0, id="a", type="function", function={"name": "Read"}),
+     call_chunk(0, id="a", function={"arguments": '{"file_path"'}), call_chunk(0, id="a", function={"arguments": ': "x"}'})],
+])
+def test_tool_call_fragments_merge_by_index(pattern):
+    response, _ = rebuild(sse(chunk({"role": "assistant", "content": None}), *pattern, chunk({}, "tool_calls")))
+    calls = response["choices"][0]["message"]["tool_calls"]
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+        [("a", "Read", {"file_path": "x"})]
+
+
+def test_fragments_of_several_calls_interleaved():
+    response, _ = rebuild(sse(
+        call_chunk(1, id="b", type="function", function={"name": "Glob", "arguments": ""}),
+        call_chunk(0, id="a", type="function", function={"name": "Read", "arguments": '{"file_path":'}),
+        call_chunk(1, function={"arguments": '{"pattern": "*"}'}), call_chunk(0, function={"arguments": ' "x"}'}),
+        chunk({}, "tool_calls")))
+    calls = response["choices"][0]["message"]["tool_calls"]
+    assert [(c["id"], c["function"]["arguments"]) for c in calls] == [("a", '{"file_path": "x"}'), ("b", '{"pattern": "*"}')]
+
+
+def test_reasoning_and_its_details_merge_by_their_own_index():
+    response, deltas = rebuild(sse(
+        chunk({"role": "assistant", "reasoning": "Let me ", "reasoning_details": [
+            {"type": "reasoning.text", "text": "Let me ", "index": 0, "format": "anthropic-claude-v1"}]}),
+        chunk({"reasoning": "think", "reasoning_details": [
+            {"type": "reasoning.text", "text": "think", "index": 0, "format": "anthropic-claude-v1"}]}),
+        chunk({"reasoning_details": [{"type": "reasoning.text", "signature": "sig", "index": 0}]}),
+        chunk({"content": "42", "refusal": None}), chunk({}, "stop")))
+    message = response["choices"][0]["message"]
+    assert message == {"role": "assistant", "reasoning": "Let me think", "content": "42", "refusal": None,
+                       "reasoning_details": [{"type": "reasoning.text", "text": "Let me think", "index": 0,
+                                              "format": "anthropic-claude-v1", "signature": "sig"}]}
+    assert [d.get("content") for d in deltas if d.get("content")] == ["42"]
+
+
+@pytest.mark.parametrize("data, message, retryable", [
+    (sse(chunk({"reasoning": "hmm"}), {"error": {"code": 400, "message": "Token limit reached"},
+                                        "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}]},
+         "data: [DONE]\n\n"), "HTTP 400: Token limit reached", False),
+    (sse(chunk({"content": "par"}), {"error": {"code": 502, "message": "Provider disconnected"}}), "HTTP 502", True),
+    (sse(chunk({"content": "par"}), {"choices": [{"index": 0, "delta": {}, "finish_reason": "error",
+                                                  "error": {"message": "overloaded"}}]}), "mid-reply: overloaded", True),
+    (sse(chunk({"content": "cut off"})), "the stream stopped before the reply was complete", True),
+    (b"data: {not json\n\n", "not JSON", True),
+])
+def test_mid_stream_errors_end_the_attempt(data, message, retryable):
+    with pytest.raises(agent.ApiError) as caught:
+        rebuild(data)
+    assert message in str(caught.value) and caught.value.retryable == retryable
+
+
+def test_a_stream_with_a_finish_reason_but_no_done_is_complete():
+    response, _ = rebuild(sse(chunk({"content": "ok"}), chunk({}, "stop")))
+    assert response["choices"][0]["message"]["content"] == "ok"
+
+
+@responses.activate
+def test_a_streamed_reply_over_http_and_its_events():
+    responses.add(responses.POST, URL, body=TEXT_STREAM, content_type="text/event-stream")
+    events = []
+    cfg = agent.Config(api_key="k", cwd=Path("."), base_url="https://openrouter.test/api/v1")
+    response = agent.ModelClient(cfg, emit=events.append, sleep=lambda s: None)({"messages": [], "stream": True})
+    assert response["choices"][0]["message"]["content"] == "Héllo ✓" and response["usage"] == USAGE
+    assert "".join(e["delta"].get("content") or "" for e in events if e["type"] == "delta") == "Héllo ✓"
+    assert [e["type"] for e in events][-1] == "reply" and events[-1]["status"] == 200

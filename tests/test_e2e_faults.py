@@ -13,7 +13,7 @@ import pytest
 
 from app import main as agent
 from tests.conftest import PROGRAM
-from tests.fake_openrouter import DROP, Raw, call, reply
+from tests.fake_openrouter import DROP, Raw, Stream, call, reply, streamed
 
 
 def sequence(*answers):
@@ -201,3 +201,54 @@ def test_a_stop_signal_that_arrives_while_a_command_starts_is_not_lost(monkeypat
     monkeypatch.setattr(agent, "signals_held", delivered_at_the_end)
     with pytest.raises(agent.Terminated):
         agent.tool_bash(ctx, "sleep 30")
+
+
+# --- Streams that stall, drop, keep alive, or are not streams at all -------------------------------
+
+
+def text_chunk(text: str, finish=None) -> dict:
+    return {"id": "g", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+
+
+def test_a_stream_silent_past_the_read_timeout_is_abandoned_and_retried(serve, run, workspace):
+    stalled = Stream([text_chunk("partial "), 5.0, text_chunk("never", "stop"), "data: [DONE]\n\n"])
+    server = serve(sequence(stalled, reply("second try")))
+    started = time.monotonic()
+    result = run(["-p", "x", "--read-timeout", "1"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, "second try\n") and len(server.bodies) == 2
+    assert "no data from the API for 1 s" in result.stderr and time.monotonic() - started < 5
+
+
+def test_keep_alive_comments_reset_the_read_timeout(serve, run, workspace):
+    slow = Stream([": OPENROUTER PROCESSING\n\n", 0.6, ": OPENROUTER PROCESSING\n\n", 0.6,
+                   ": OPENROUTER PROCESSING\n\n", 0.6, text_chunk("worth the wait", "stop"), "data: [DONE]\n\n"])
+    server = serve(sequence(slow))
+    result = run(["-p", "x", "--read-timeout", "1"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, "worth the wait\n") and len(server.bodies) == 1
+
+
+def test_a_dropped_stream_is_retried_and_its_partial_tool_call_never_runs(serve, run, workspace):
+    partial = streamed(reply(tool_calls=[call("Bash", {"command": "touch ran-from-a-broken-reply"})]))
+    partial.events, partial.drop = partial.events[:-4], True  # cut after the call, before its finish and [DONE]
+    server = serve(sequence(partial, reply("clean answer")))
+    result = run(["-p", "x"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, "clean answer\n") and len(server.bodies) == 2
+    assert not (workspace / "ran-from-a-broken-reply").exists() and "retrying in" in result.stderr
+
+
+def test_a_mid_stream_error_that_is_final_ends_the_run_with_one_line(serve, run, workspace):
+    failing = Stream([text_chunk("thinking..."), {"error": {"code": 400, "message": "Token limit reached"},
+                                                  "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}]},
+                      "data: [DONE]\n\n"])
+    server = serve(sequence(failing))
+    result = run(["-p", "x"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (1, "") and len(server.bodies) == 1
+    assert result.stderr.strip().splitlines() == ["solo: HTTP 400: Token limit reached"]
+
+
+def test_a_json_answer_to_a_stream_request_and_no_stream_both_work(serve, run, workspace):
+    server = serve(lambda body: Raw(200, reply(f"stream={body.get('stream', False)}")))  # a server ignoring `stream`
+    assert run(["-p", "x"], cwd=workspace, base_url=server.url).stdout == "stream=True\n"
+    assert run(["-p", "x", "--no-stream"], cwd=workspace, base_url=server.url).stdout == "stream=False\n"
+    assert run(["-p", "x"], cwd=workspace, base_url=server.url, env={"SOLO_NO_STREAM": "1"}).stdout == "stream=False\n"
+    assert "stream_options" not in server.bodies[1] and server.bodies[0]["stream_options"] == {"include_usage": True}

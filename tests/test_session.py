@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.conftest import PROGRAM
-from tests.fake_openrouter import call, last_result, reply, tool_then
+from tests.fake_openrouter import Stream, call, last_result, reply, tool_then
 
 
 PROMPT = r"(?:^|\n)> "  # the session's prompt at the start of a line ("-> ok" in a tool line is not it)
@@ -349,3 +349,28 @@ def test_ctrl_c_while_a_finished_answer_prints_keeps_the_turn(serve, workspace):
     assert server.bodies[1]["messages"][1:] == [{"role": "user", "content": "first"},
                                                 {"role": "assistant", "content": "answer 1"},
                                                 {"role": "user", "content": "second"}]
+
+
+
+def test_words_show_as_they_stream_and_ctrl_c_cancels_the_stream_at_once(serve, terminal):
+    release = threading.Event()
+
+    def model(body):
+        if user_turns(body)[-1] == "tell me":
+            return Stream([{"choices": [{"index": 0, "delta": {"content": "first words "}}]}, lambda: release.wait(20),
+                           {"choices": [{"index": 0, "delta": {"content": "never shown"}, "finish_reason": "stop"}]}])
+        return reply(f"{len(body['messages'])} messages")
+
+    server = serve(model)
+    term = terminal(server)
+    term.send("tell me\r")
+    term.expect("first words ")  # on the screen while the reply is still coming
+    assert not release.is_set()
+    started = time.monotonic()
+    term.send("\x03")
+    term.expect("cancelled")
+    term.expect(PROMPT)
+    assert time.monotonic() - started < 5  # the connection was closed, not waited on (the reply waits 20 s)
+    release.set()
+    term.ask("again", "2 messages")  # system + this prompt: the cancelled turn is gone
+    assert "never shown" not in term.transcript and "\x1b" not in term.transcript
