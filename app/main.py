@@ -120,6 +120,8 @@ class Config(NamedTuple):
     yes: bool = False  # interactive session: run commands and edits without asking
     home: Path | None = None  # for ~/.claude/skills
     solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: the model-list cache (None: nothing kept)
+    persist: bool = True  # save every conversation under solo_home/projects as it happens
+    session_days: float = 30  # transcripts older than this are deleted
     stream: bool = True  # ask for server-sent events: text shows as it comes, and no reply has a time limit
     partial_messages: bool = False  # stream-json: also a stream_event line per text delta
     session_id: str = ""  # sent as the x-session-id header: OpenRouter keeps the provider (and its cache)
@@ -1564,6 +1566,180 @@ class ModelClient:
                 waited += wait
 
 
+# --- Transcripts ----------------------------------------------------------------------------------
+
+
+TRANSCRIPT_FORMAT = 1
+SECRET_PATTERN = re.compile(r"sk-or-v1-[0-9a-fA-F]{16,}|sk-(?:ant-|proj-)?[A-Za-z0-9_-]{24,}")  # API keys
+UUID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+class Transcript:
+    """A conversation's JSON-lines file, locked to this process: a header, then each message as it was
+    sent and each event that changed the conversation, written as they happen; no API key reaches it."""
+
+    def __init__(self, path: Path, api_key: str):
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            import fcntl
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise UsageError(f"session {path.stem} is open in another solo; use --fork-session to go on from it "
+                             "under a new id") from None
+        self.path, self.api_key, self.fd = path, api_key, fd
+
+    def close(self) -> None:
+        """Let go of the file (and its lock)."""
+        os.close(self.fd)
+
+    def write(self, entry: dict) -> None:
+        """Append one line; it is in the file (the kernel's) when this returns."""
+        line = SECRET_PATTERN.sub("***", redact(json.dumps(entry, ensure_ascii=False), self.api_key))
+        os.write(self.fd, (line + "\n").encode("utf-8", errors="replace"))
+
+    def read(self, warn: Callable[[str], None]) -> list[dict]:
+        """The conversation as it last was; an unfinished last line is dropped from the file."""
+        data = os.pread(self.fd, os.fstat(self.fd).st_size, 0)
+        messages, whole = read_transcript(data, self.path, warn)
+        os.truncate(self.fd, whole)
+        return messages
+
+
+def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tuple[list[dict], int]:
+    """A transcript's conversation as it last was, and how many bytes of it are whole lines."""
+    lines = data.split(b"\n")
+    if lines[-1]:  # killed in the middle of writing it
+        warn(f"skipped the unfinished last line of {path}")
+    try:
+        entries = [json.loads(line) for line in lines[:-1]]
+    except ValueError:
+        raise UsageError(f"{path} is corrupt (a line is not JSON); it was left as is") from None
+    header = entries[0] if entries and isinstance(entries[0], dict) else {}
+    if header.get("type") != "header" or not isinstance(header.get("format"), int):
+        raise UsageError(f"{path} is not a solo transcript")
+    if header["format"] > TRANSCRIPT_FORMAT:
+        raise UsageError(f"{path} was written by a newer solo (format {header['format']}); update solo")
+    messages: list[dict] = []
+    for entry in entries[1:]:
+        if "role" in entry:
+            messages.append(entry)
+        elif entry.get("type") == "truncate":
+            del messages[entry["keep"]:]
+        elif entry.get("type") == "set":
+            messages[entry["index"]] = entry["message"]
+    return messages, len(data) - len(lines[-1])
+
+
+class Conversation(list):
+    """A conversation's messages: every change is also written to its transcript, as it happens."""
+
+    def __init__(self, messages: Iterable[dict] = (), transcript: Transcript | None = None, sidechain: bool = False):
+        super().__init__(messages)
+        self.transcript, self.sidechain = transcript, sidechain
+
+    def note(self, entry: dict) -> None:
+        """Write one line of this conversation (a sub-agent's are marked, so resuming skips them)."""
+        if self.transcript:
+            self.transcript.write({"type": "sidechain", "entry": entry} if self.sidechain else entry)
+
+    def append(self, message: dict) -> None:
+        """Add a message."""
+        super().append(message)
+        self.note(message)
+
+    def __delitem__(self, index: Any) -> None:
+        """Drop messages from the end (a cancelled turn, /clear)."""
+        super().__delitem__(index)
+        self.note({"type": "truncate", "keep": len(self)})
+
+    def __setitem__(self, index: Any, message: Any) -> None:
+        """Replace a message (an old tool result shrunk to fit the context)."""
+        super().__setitem__(index, message)
+        self.note({"type": "set", "index": index, "message": message})
+
+
+def unanswered(messages: list[dict]) -> list[dict]:
+    """Results for the last reply's tool calls that never got one, so the conversation is valid again."""
+    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
+    if last is None:
+        return []
+    answered = {m.get("tool_call_id") for m in messages[last + 1:]}
+    return [{"role": "tool", "tool_call_id": c["id"], "content": "Error: the session ended before this tool call ran"}
+            for c in messages[last].get("tool_calls") or [] if c.get("id") not in answered]
+
+
+class Sessions:
+    """This working directory's transcripts under SOLO_HOME/projects: finding, listing, opening, pruning."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.folder = cfg.solo_home / "projects" / re.sub(r"[^A-Za-z0-9]", "-", str(cfg.cwd)) if cfg.solo_home else None
+
+    def recent(self) -> list[Path]:
+        """The transcripts, most recent first."""
+        paths = list(self.folder.glob("*.jsonl")) if self.folder and self.folder.is_dir() else []
+        return sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True)
+
+    def find(self, wanted: str | None) -> Path:
+        """The transcript of an id or unique prefix (None: the most recent); UsageError otherwise."""
+        found = self.recent()
+        if wanted is not None:
+            found = [p for p in found if p.stem == wanted] or [p for p in found if p.stem.startswith(wanted)]
+        if len(found) > 1 and wanted is not None:
+            raise UsageError(f"{wanted!r} fits {len(found)} sessions here; give more of the id")
+        if not found:
+            raise UsageError(f"no session {wanted!r} in {self.cfg.cwd}" if wanted else f"no session to continue in {self.cfg.cwd}")
+        return found[0]
+
+    def describe(self, path: Path) -> str:
+        """One line for a list of sessions: id, age, turns, first prompt."""
+        turns, first = 0, ""
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b'{"role": "user"'):
+                    turns += 1
+                    if not first:
+                        with contextlib.suppress(ValueError, AttributeError):
+                            first = one_line(content_text(json.loads(line)), 60)
+        hours = (time.time() - path.stat().st_mtime) / 3600
+        age = f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.0f} h" if hours < 48 else f"{hours / 24:.0f} days"
+        return f"{path.stem[:8]}  {age} ago, {turns} prompt{'s' * (turns != 1)}: {first}"
+
+    def open(self, session_id: str, messages: list[dict], warn: Callable[[str], None], resume: Path | None = None,
+             fork: bool = False) -> Conversation:
+        """The conversation of session_id, written to its transcript unless persistence is off: `resume`'s
+        (the same id goes on, or a fork copies it under a new id), or a new one of these messages."""
+        path = self.folder / f"{session_id}.jsonl" if self.folder else None
+        if path and path.exists() and (path != resume or fork):
+            raise UsageError(f"session {session_id} exists already; resume it with --resume {session_id}")
+        going_on = resume and path == resume and self.cfg.persist
+        transcript = Transcript(path, self.cfg.api_key) if path and self.cfg.persist else None
+        if resume and not going_on:
+            messages = read_transcript(resume.read_bytes(), resume, warn)[0]
+        conversation = Conversation(transcript.read(warn) if going_on else (), transcript)
+        if transcript and not going_on:
+            transcript.write({"type": "header", "format": TRANSCRIPT_FORMAT, "version": VERSION, "session_id": session_id,
+                              "cwd": str(self.cfg.cwd), "model": self.cfg.model,
+                              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
+        for message in ([] if going_on else messages) + unanswered(conversation if going_on else messages):
+            conversation.append(message)
+        return conversation
+
+    def prune(self, days: float) -> None:
+        """Delete every project's transcripts older than `days`, looking at most once a day."""
+        stamp = self.cfg.solo_home / "projects" / ".pruned" if self.cfg.solo_home else None
+        with contextlib.suppress(OSError):
+            if not stamp or not stamp.parent.is_dir() or time.time() - stamp.stat().st_mtime < 86_400:
+                return
+        with contextlib.suppress(OSError):
+            for path in stamp.parent.glob("*/*.jsonl"):
+                if path.stat().st_mtime < time.time() - days * 86_400:
+                    path.unlink()
+            stamp.touch()
+
+
 # --- The agent loop -------------------------------------------------------------------------------
 
 
@@ -1721,18 +1897,28 @@ class Agent:
 
     def __init__(self, cfg: Config, env: dict[str, str], emit: Callable[[dict], None], *,
                  confirm: Callable[[str, dict], bool] | None = None, sleep: Callable[[float], None] = time.sleep):
-        self.cfg, self.emit, self.usage = cfg, emit, Usage()
-        def notice(text: str) -> None:
-            emit({"type": "notice", "text": text})
+        self.cfg, self.emit, self.usage, self.transcript = cfg, emit, Usage(), None
         self.model = ModelClient(cfg, emit=emit, sleep=sleep)
-        self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), notice)
+        self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
         self.ctx = ToolContext(cfg.cwd, command_env(env, cfg.pass_env), self.skills, confirm, self.fork, Leftovers())
 
-    def conversation(self) -> list[dict]:
-        """A new conversation: just the system message."""
+    def conversation(self, resume: Path | None = None, fork: bool = False) -> Conversation:
+        """The conversation to run, saved as it goes: resumed from a transcript, or new (the system message)."""
         catalog = self.skills if "Skill" in self.tools else {}  # no catalog when the model cannot load them
-        return [{"role": "system", "content": system_prompt(self.cfg, catalog)}]
+        system = [{"role": "system", "content": system_prompt(self.cfg, catalog)}]
+        conversation = Sessions(self.cfg).open(self.cfg.session_id, system, self.notice, resume, fork)
+        self.transcript = conversation.transcript  # sub-agents write there too
+        return conversation
+
+    def notice(self, text: str) -> None:
+        """A line for the user."""
+        self.emit({"type": "notice", "text": text})
+
+    def use_session(self, session_id: str) -> None:
+        """Go on under another session id, which OpenRouter sees too."""
+        self.cfg = self.cfg._replace(session_id=session_id)
+        self.model.session.headers["x-session-id"] = session_id
 
     def run(self, messages: list[dict], tools: dict[str, Tool] | None = None) -> Outcome:
         """Run the loop on a conversation."""
@@ -1740,8 +1926,11 @@ class Agent:
                          ctx=self.ctx, usage=self.usage, emit=self.emit, info=self.model.model_info)
 
     def fork(self, body: str) -> str:
-        """Run a skill body as a sub-agent in a fresh conversation; return its final answer."""
-        messages = [{"role": "system", "content": system_prompt(self.cfg, {})}, {"role": "user", "content": body}]
+        """Run a skill body as a sub-agent in a fresh conversation (saved in the transcript as a side chain);
+        return its final answer."""
+        messages = Conversation(transcript=self.transcript, sidechain=True)
+        for message in ({"role": "system", "content": system_prompt(self.cfg, {})}, {"role": "user", "content": body}):
+            messages.append(message)
         outcome = self.run(messages, {n: t for n, t in self.tools.items() if n != "Skill"})
         return outcome.answer if outcome.subtype == "success" else f"Error: the skill's sub-agent stopped ({outcome.subtype})"
 
@@ -1808,6 +1997,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--trace", metavar="FILE", help="write every request, reply and tool call as JSON lines")
     add("--connect-timeout", metavar="S", type=positive(float), help="seconds to connect to the API (default 10)")
     add("--read-timeout", metavar="S", type=positive(float), help="seconds to wait for a reply (default 300)")
+    add("-c", "--continue", dest="continue_session", action="store_true", help="go on with this directory's latest session")
+    add("-r", "--resume", nargs="?", const="", metavar="ID", help="go on with a session (id or prefix; none: pick one)")
+    add("--fork-session", action="store_true", help="with --continue/--resume: go on under a new session id")
+    add("--session-id", metavar="UUID", help="the id of a new session")
+    add("--no-session-persistence", action="store_true", help="save nothing of this run's conversation")
     add("--no-cache", action="store_true", help="do not ask Anthropic models to cache the prompt")
     add("--no-stream", action="store_true", help="ask for whole replies instead of streamed ones")
     add("--include-partial-messages", action="store_true", help="stream-json: a stream_event line per text delta")
@@ -1863,6 +2057,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         append_system_prompt=args.append_system_prompt, trace_path=args.trace,
         cache=not (args.no_cache or env.get("SOLO_NO_CACHE", "") not in ("", "0")),
         stream=not (args.no_stream or env.get("SOLO_NO_STREAM", "") not in ("", "0")),
+        persist=not args.no_session_persistence, session_days=env_number(env, "SOLO_SESSION_DAYS", 30),
         partial_messages=args.include_partial_messages,
         pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))),
         yes=args.yes, home=home,
@@ -2093,7 +2288,43 @@ def exit_status(error: BaseException, debug: bool = False) -> tuple[int, str]:
     return EXIT_ERROR, f"internal error: {type(error).__name__}: {one_line(str(error), 200)}"
 
 
-def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams, started: float) -> int:
+def pick_session(sessions: Sessions, say: Callable[[str], None], ask: Callable[[str], str]) -> Path:
+    """A session the user picks from a numbered list of this directory's recent ones."""
+    recent = sessions.recent()[:10]
+    if not recent:
+        raise UsageError(f"no session to resume in {sessions.cfg.cwd}")
+    for number, path in enumerate(recent, start=1):
+        say(f"{number:2}. {sessions.describe(path)}")
+    answer = ask(f"Resume which (1-{len(recent)})? ").strip()
+    if not answer.isdigit() or not 1 <= int(answer) <= len(recent):
+        raise UsageError("no session was chosen")
+    return recent[int(answer) - 1]
+
+
+def choose_session(args: argparse.Namespace, cfg: Config, stdin: Any, say: Callable[[str], None]) -> tuple[Config, Path | None]:
+    """The transcript this run goes on from (--continue, --resume ID, or one picked from a list), and the
+    Config naming the session: that one's id, or a new one (a new run, --fork-session, --session-id)."""
+    sessions = Sessions(cfg)
+    if cfg.persist:
+        sessions.prune(cfg.session_days)
+    if args.continue_session:
+        target = sessions.find(None)
+    elif args.resume == "":
+        if not is_terminal(stdin):
+            raise UsageError("--resume without an id needs a terminal to pick from; give the session id")
+        target = pick_session(sessions, say, lambda prompt: (say(prompt), stdin.readline())[1])
+    else:
+        target = args.resume and sessions.find(args.resume)
+    if args.session_id and not UUID_PATTERN.fullmatch(args.session_id):
+        raise UsageError(f"--session-id must be a UUID, like {new_uuid()}")
+    if args.session_id and target and not args.fork_session:
+        raise UsageError("--session-id names a new session: with --continue or --resume, add --fork-session")
+    going_on = target and not args.fork_session
+    return cfg._replace(session_id=target.stem if going_on else args.session_id or cfg.session_id), target or None
+
+
+def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams, started: float,
+             resume: Path | None = None, fork: bool = False) -> int:
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
     reporter = Reporter(cfg, streams)
     agent = Agent(cfg, env, reporter)
@@ -2103,7 +2334,7 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
                              "permissionMode": "bypassPermissions", "version": VERSION, "uuid": new_uuid()})
     outcome, error, code = None, "", EXIT_OK
     try:
-        outcome = agent.ask(agent.conversation(), prompt, context)
+        outcome = agent.ask(agent.conversation(resume, fork), prompt, context)
     except (AgentError, KeyboardInterrupt, Terminated) as exc:
         code, error = exit_status(exc)
         reporter.say(error)
@@ -2121,7 +2352,8 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
 
 
 SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model [NAME] show or switch the model,
-/cost tokens and cost so far, /exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
+/cost tokens and cost so far, /sessions this directory's sessions, /resume go on with one of them,
+/exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 
 
@@ -2144,8 +2376,9 @@ def describe_call(cwd: Path, tool: str, args: dict) -> str:
 class Session:
     """An interactive session on a terminal: prompts on stderr, answers on stdout."""
 
-    def __init__(self, cfg: Config, env: dict[str, str], streams: Streams):
-        self.streams, self.always = streams, set()
+    def __init__(self, cfg: Config, env: dict[str, str], streams: Streams, resume: Path | None = None,
+                 fork: bool = False):
+        self.streams, self.always, self.resume = streams, set(), (resume, fork)
         fancy = is_terminal(streams.stderr) and env.get("TERM", "dumb") != "dumb"
         self.reporter = Reporter(cfg, streams, interactive=True, fancy=fancy)
         self.agent = Agent(cfg, env, self.reporter, confirm=None if cfg.yes else self.confirm)
@@ -2200,9 +2433,10 @@ class Session:
             self.always.add(tool)
         return answer[0] in "ya"
 
-    def command(self, line: str, messages: list[dict]) -> bool:
+    def command(self, line: str) -> bool:
         """Handle a /command; False when the line is not one."""
         word, _, rest = line.partition(" ")
+        messages = self.messages
         if word == "/help":
             self.reporter.say(SESSION_HELP)
         elif word == "/clear":
@@ -2213,7 +2447,19 @@ class Session:
         elif word == "/model":
             if rest.strip():
                 self.agent.cfg = self.agent.cfg._replace(model=rest.strip())
+                messages.note({"type": "model", "model": self.agent.cfg.model})
             self.reporter.say(f"model: {self.agent.cfg.model}")
+        elif word == "/sessions":
+            sessions = Sessions(self.agent.cfg)
+            for path in sessions.recent()[:10]:
+                self.reporter.say(("* " if path.stem == self.agent.cfg.session_id else "  ") + sessions.describe(path))
+        elif word == "/resume":
+            path = pick_session(Sessions(self.agent.cfg), self.reporter.say, lambda q: self.read_line(q, history=False))
+            if messages.transcript:
+                messages.transcript.close()
+            self.agent.use_session(path.stem)
+            self.messages = self.agent.conversation(path)
+            self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
         else:
             return False
         return True
@@ -2221,7 +2467,7 @@ class Session:
     def run(self) -> int:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""
         import readline
-        messages, interrupted = self.agent.conversation(), 0.0
+        self.messages, interrupted = self.agent.conversation(*self.resume), 0.0
         self.reporter.say(f"solo {VERSION}, model {self.agent.cfg.model}. /help for commands, Ctrl-D to leave.")
         while True:
             try:
@@ -2240,8 +2486,13 @@ class Session:
                 continue
             if line in ("/exit", "/quit"):
                 return EXIT_OK
-            if not line or self.command(line, messages):
+            try:
+                if not line or self.command(line):
+                    continue
+            except AgentError as error:
+                self.reporter.say(str(error))
                 continue
+            messages = self.messages
             mark, interrupted = len(messages), 0.0
             try:
                 outcome = self.agent.ask(messages, line)
@@ -2274,9 +2525,10 @@ def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, st
             return EXIT_OK
         cfg = build_config(args, env, Path.cwd())
         prompt, context = read_prompt(args.prompt, streams.stdin, say)
+        cfg, resume = choose_session(args, cfg, streams.stdin, say)
         if prompt is None:
-            return Session(cfg, env, streams).run()
-        return run_once(cfg, env, prompt, context, streams, started)
+            return Session(cfg, env, streams, resume, args.fork_session).run()
+        return run_once(cfg, env, prompt, context, streams, started, resume, args.fork_session)
     except BrokenPipeError:
         return EXIT_ERROR
     except BaseException as error:  # after run_once's own handling: failures before the run or in the session
