@@ -10,6 +10,7 @@ Not collected by pytest: it takes minutes and its figures depend on the machine.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fake_openrouter import FakeOpenRouter, Stream, call, reply, tool_then
+from tests.fake_openrouter import FakeOpenRouter, Raw, Stream, call, reply, tool_then
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM, PYTHON = ROOT / "your_program.sh", ROOT / ".venv" / "bin" / "python"
@@ -163,6 +164,41 @@ def prefix_share(workspace: Path, turns: int = 30) -> tuple[float, int]:
     return statistics.mean(shares), sum(len(r) for r in raw)
 
 
+def long_session(workspace: Path, turns: int = 400, window: int = 20_000) -> dict[str, dict]:
+    """A 400-turn session against a server that enforces a 20,000-token window (tokens counted as bytes / 4),
+    with compaction on and off: the outcome, compactions, peak prompt and tokens sent in all."""
+    files = workspace / "notes"
+    files.mkdir(exist_ok=True)
+    for i in range(turns):
+        (files / f"{i}.txt").write_text(f"note {i}: " + "lorem ipsum dolor sit amet " * 60 + "\n")
+    results = {}
+    for label, extra in (("compaction on", {}), ("compaction off", {"SOLO_COMPACT_AT": "1"})):
+        done = {"turns": 0, "summaries": 0, "peak": 0, "sent": 0}
+
+        def model(body: dict) -> object:
+            tokens = len(json.dumps(body)) // 4
+            done["sent"] += tokens
+            if tokens > window:
+                return Raw(400, {"error": {"code": 400, "message": f"This endpoint's maximum context length is {window} "
+                                           f"tokens. However, you requested {tokens} tokens."}})
+            done["peak"] = max(done["peak"], tokens)
+            usage = {"prompt_tokens": tokens, "completion_tokens": 20, "total_tokens": tokens + 20, "cost": 0.0}
+            if "tools" not in body:
+                done["summaries"] += 1
+                return reply(f"Summary: read notes 0 to {done['turns'] - 1} so far; keep reading.", usage=usage)
+            done["turns"] += 1
+            if done["turns"] > turns:
+                return reply("all notes read", usage=usage)
+            return reply(tool_calls=[call("Read", {"file_path": f"notes/{done['turns'] - 1}.txt"})], usage=usage)
+
+        with FakeOpenRouter(model, validate=False) as server:
+            proc = subprocess.run([str(PROGRAM), "-p", "read every note"], cwd=workspace, capture_output=True, text=True,
+                                  env={**env_for(server, workspace), **extra}, stdin=subprocess.DEVNULL)
+        outcome = proc.stdout.strip() or f"failed ({proc.stderr.strip().splitlines()[-1][:60]})"
+        results[label] = {**done, "outcome": outcome}
+    return results
+
+
 def main() -> None:
     """Run every benchmark and print the table."""
     subprocess.run([str(PROGRAM), "--version"], check=True, stdout=subprocess.DEVNULL)  # set-up outside timings
@@ -173,6 +209,7 @@ def main() -> None:
         delay = chunk_to_stdout(workspace)
         peaks = memory(workspace)
         share, sent = prefix_share(workspace)
+        long = long_session(workspace)
     idle = peaks["idle (answer at once)"][0]
     rows = [
         ("start-up to first request", f"{start_agent * 1000:.0f} ms", f"{start_floor * 1000:.0f} ms",
@@ -191,6 +228,10 @@ def main() -> None:
     print(f"{'measure':36} {'solo':>12} {'floor':>14}  verdict")
     for name, value, floor, verdict in rows:
         print(f"{name:36} {value:>12} {floor:>14}  {verdict}")
+    print("\n400-turn session in a 20,000-token window:")
+    for label, result in long.items():
+        print(f"  {label}: {result['outcome']!r} after {result['turns']} turns; {result['summaries']} compactions, "
+              f"peak prompt {result['peak']} tokens, {result['sent'] / 1e6:.2f} M tokens sent")
 
 
 if __name__ == "__main__":
