@@ -116,7 +116,12 @@ class Config(NamedTuple):
     max_attempts: int = 6  # per request, for transient failures
     output_format: str = "text"  # text | json | stream-json
     verbose: bool = False
-    tools: tuple[str, ...] = ()  # names advertised to the model
+    tools: tuple[str, ...] = ()  # built-in tools advertised to the model
+    allowed: tuple[str, ...] = ()  # --allowed-tools as given: also MCP tools (mcp__server__tool) or servers
+    disallowed: tuple[str, ...] = ()
+    mcp: tuple[tuple[str, dict], ...] = ()  # MCP servers: name and settings (.mcp.json's shape, variables filled in)
+    mcp_timeout: float = 10.0  # seconds a server may take to start and answer initialize
+    mcp_tool_timeout: float = 120.0  # seconds one MCP tool call may take
     append_system_prompt: str = ""
     trace_path: str | None = None
     cache: bool = True  # ask Anthropic models to cache the prompt prefix
@@ -336,6 +341,7 @@ class Tool(NamedTuple):
     run: Callable[..., str]
     asks: bool = False  # changes things: an interactive session asks the user first
     limit: int = RESULT_LIMIT
+    read_only: bool = False  # changes nothing: may run at the same time as other such calls
 
     def spec(self) -> dict:
         """The entry of the request's `tools` list."""
@@ -1123,7 +1129,7 @@ TOOLS: tuple[Tool, ...] = (
          params(["file_path"], file_path=("string", "Path of the file, relative to the working directory"),
                 offset=("integer", "First line to read, counting from 1"),
                 limit=("integer", "How many lines to read (default 2000)")),
-         tool_read, limit=READ_LIMIT + 200),
+         tool_read, limit=READ_LIMIT + 200, read_only=True),
     Tool("Write", "Create or overwrite a file with the given content, creating missing folders.",
          params(["file_path", "content"], file_path=("string", "Path of the file to write"),
                 content=("string", "The complete new content of the file")),
@@ -1143,7 +1149,7 @@ TOOLS: tuple[Tool, ...] = (
     Tool("Glob", "Find files by glob pattern ('**' matches any depth, e.g. '**/*.py'), newest first.",
          params(["pattern"], pattern=("string", "Glob pattern relative to path"),
                 path=("string", "Folder to search (default: the working directory)")),
-         tool_glob),
+         tool_glob, read_only=True),
     Tool("Grep", "Search file contents with a regular expression; skips .git and binary files.",
          params(["pattern"], pattern=("string", "Python regular expression to search for"),
                 path=("string", "File or folder to search (default: the working directory)"),
@@ -1155,7 +1161,7 @@ TOOLS: tuple[Tool, ...] = (
                    "-A": ("integer", "Lines of context after each match (content mode)"),
                    "-B": ("integer", "Lines of context before each match (content mode)"),
                    "-C": ("integer", "Lines of context before and after each match (content mode)")}),
-         tool_grep),
+         tool_grep, read_only=True),
     Tool("Skill", "Load a skill (packaged instructions from the user) by name when its description fits "
          "the task, and follow what it says.",
          params(["name"], name=("string", "The skill's name"),
@@ -1182,7 +1188,7 @@ def parse_arguments(raw: Any) -> dict:
     raise ValueError(f"expected a JSON object, got {type(value).__name__}")
 
 
-def coerce(value: Any, kind: str) -> Any:
+def coerce(value: Any, kind: Any) -> Any:
     """A value converted to a JSON Schema type where the intent is clear; ValueError otherwise."""
     if kind == "string":
         if isinstance(value, (dict, list)):
@@ -1203,9 +1209,9 @@ def coerce(value: Any, kind: str) -> Any:
 
 def signature(tool: Tool) -> str:
     """The tool's inputs as the model should call them, for error messages."""
-    required = tool.parameters["required"]
+    required = tool.parameters.get("required") or []
     return ", ".join(
-        f"{name}: {prop['type']}{'' if name in required else ' (optional)'}"
+        f"{name}: {prop.get('type', 'any')}{'' if name in required else ' (optional)'}"
         for name, prop in tool.parameters["properties"].items()
     )
 
@@ -1213,7 +1219,7 @@ def signature(tool: Tool) -> str:
 def check_arguments(tool: Tool, args: dict) -> dict:
     """Keyword arguments for the tool's function: required present, types coerced, unknown dropped."""
     props = tool.parameters["properties"]
-    for name in tool.parameters["required"]:
+    for name in tool.parameters.get("required") or []:
         if args.get(name) is None:
             raise ToolError(f"missing input {name}")
     kwargs = {}
@@ -1221,7 +1227,7 @@ def check_arguments(tool: Tool, args: dict) -> dict:
         if name not in props or value is None:
             continue
         try:
-            kwargs[name.lstrip("-")] = coerce(value, props[name]["type"])
+            kwargs[name.lstrip("-")] = coerce(value, props[name].get("type"))
         except (ValueError, TypeError):
             raise ToolError(
                 f"input {name} should be {props[name]['type']}, got {json.dumps(value)[:80]}; "
@@ -1249,6 +1255,297 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
     return clip(result, tool.limit)
+
+
+SEARCHES = ("Grep", "Glob")  # CPU-bound Python: run at once, they need processes, not threads
+BATCH = 10  # read-only calls run at once at most
+
+
+def read_only(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> bool:
+    """True for a call that changes nothing: Read, Glob, Grep, loading a skill, an MCP tool marked read-only."""
+    tool = tools.get(call["function"]["name"])
+    if tool and tool.name == "Skill":
+        with contextlib.suppress(ValueError, AttributeError):
+            skill = ctx.skills.get(str(parse_arguments(call["function"]["arguments"]).get("name", "")).lstrip("/"))
+            return bool(skill and not skill.fork)
+    return bool(tool and tool.read_only)
+
+
+def forked_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> tuple[int, int]:
+    """Start a call in a child process (its own time limit works there); the pipe its result comes on, its pid."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run the call, hand back the result, leave without running any of the parent's exit code
+        try:
+            os.close(read_fd)
+            data = memoryview(run_tool_call(call, tools, ctx).encode("utf-8", errors="replace"))
+            while data:
+                data = data[os.write(write_fd, data):]
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    return read_fd, pid
+
+
+def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> list[str]:
+    """The results of read-only calls run at once: searches in child processes, the rest in threads."""
+    results = [""] * len(calls)
+    def run(i: int) -> None:
+        results[i] = run_tool_call(calls[i], tools, ctx)
+    threads = [threading.Thread(target=run, args=(i,), daemon=True)
+               for i, call in enumerate(calls) if call["function"]["name"] not in SEARCHES]
+    children: dict[int, tuple[int, int]] = {}
+    output: dict[int, bytes] = {}
+    try:
+        for i, call in enumerate(calls):
+            if call["function"]["name"] in SEARCHES:
+                fd, pid = forked_call(call, tools, ctx)
+                children[fd], output[fd] = (i, pid), b""
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + SEARCH_SECONDS + 10
+        while children and (ready := select.select(list(children), [], [], max(0, deadline - time.monotonic()))[0]):
+            for fd in ready:
+                if chunk := os.read(fd, 1 << 16):
+                    output[fd] += chunk
+                    continue
+                i, pid = children.pop(fd)
+                os.close(fd)
+                os.waitpid(pid, 0)
+                results[i] = output[fd].decode("utf-8", errors="replace") or "Error: the search stopped unexpectedly"
+        for thread in threads:
+            thread.join()
+    finally:
+        for fd, (i, pid) in children.items():  # out of time, or the run is stopping
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(fd)
+            results[i] = results[i] or f"Error: the search did not finish in {SEARCH_SECONDS:g} s"
+    return results
+
+
+# --- MCP servers ----------------------------------------------------------------------------------
+
+
+MCP_PROTOCOL = "2025-06-18"
+
+
+class McpError(Exception):
+    """An MCP server failed, refused a request, or did not answer in time."""
+
+
+def expand_vars(value: Any, env: dict[str, str]) -> Any:
+    """${VAR} and ${VAR:-default} filled in from the environment, in strings, lists and dicts."""
+    if isinstance(value, str):
+        return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: env.get(m[1]) or m[2] or "", value)
+    if isinstance(value, list):
+        return [expand_vars(item, env) for item in value]
+    return {key: expand_vars(item, env) for key, item in value.items()} if isinstance(value, dict) else value
+
+
+def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dict], ...]:
+    """(name, settings) of every server in these Claude Code `.mcp.json` files or JSON texts; UsageError when
+    one is not readable JSON of that shape."""
+    servers: dict[str, dict] = {}
+    for source in sources:
+        try:
+            data = json.loads(source if source.lstrip().startswith("{") else Path(source).read_text(encoding="utf-8"))
+            entries = data["mcpServers"]
+            assert isinstance(entries, dict) and all(isinstance(s, dict) for s in entries.values())
+        except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
+            why = one_line(str(error), 120) if str(error) else 'it is not {"mcpServers": {"name": {...}}}'
+            raise UsageError(f"cannot use the MCP config {one_line(source, 80)}: {why}") from None
+        servers.update((name, expand_vars(spec, env)) for name, spec in entries.items())
+    return tuple(servers.items())
+
+
+class McpServer:
+    """One MCP server, over stdio (a child in its own process group) or streamable HTTP: the handshake, its
+    tools, calls with a time limit, and the requests it sends back (ping, roots/list)."""
+
+    def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None]):
+        self.name, self.spec, self.cwd, self.env, self.emit = name, spec, cwd, env, emit
+        self.state, self.tools, self.proc, self.closed = "starting", [], None, False
+        self.lock, self.writing, self.pending, self.ids = threading.Lock(), threading.Lock(), {}, itertools.count(1)
+        self.timeout = 10.0
+        self.headers = {"Accept": "application/json, text/event-stream", **(spec.get("headers") or {})}
+
+    def start(self, timeout: float) -> None:
+        """Start the server, shake hands and list its tools; any failure is kept in `state`, never raised."""
+        try:
+            if self.spec.get("type", "stdio") == "stdio":
+                self.spawn()
+            elif self.spec.get("type") not in ("http", "streamable-http") or not self.spec.get("url"):
+                raise McpError(f"type {self.spec.get('type')!r} is not supported (stdio or http with a url)")
+            hello = self.request("initialize", {"protocolVersion": MCP_PROTOCOL, "capabilities": {"roots": {}},
+                                                "clientInfo": {"name": APP_TITLE, "version": VERSION}}, timeout)
+            self.headers["MCP-Protocol-Version"] = str(hello.get("protocolVersion") or MCP_PROTOCOL)
+            self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            cursor, tools = None, []
+            while True:
+                page = self.request("tools/list", {"cursor": cursor} if cursor else {}, timeout)
+                tools += [t for t in page.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+                if not (cursor := page.get("nextCursor")):
+                    break
+            self.tools, self.state = tools, "connected"
+        except (McpError, OSError, requests.RequestException, ValueError) as error:
+            self.state = f"failed: {one_line(str(error), 160)}"
+            self.stop()
+
+    def spawn(self) -> None:
+        """The server's process, its output read by a thread, its stderr kept off the terminal."""
+        env = {**self.env, **{k: str(v) for k, v in (self.spec.get("env") or {}).items()}}
+        command = [str(self.spec.get("command") or ""), *map(str, self.spec.get("args") or [])]
+        with self.lock:  # stop() waits for a start under way, so a server is never left behind
+            if self.closed:
+                raise McpError("stopped")
+            self.proc = subprocess.Popen(command, cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
+        threading.Thread(target=self.read, daemon=True).start()
+        threading.Thread(target=self.log, daemon=True).start()
+
+    def read(self) -> None:
+        """Take the server's messages: answers to our requests, its own requests, notifications."""
+        for line in self.proc.stdout:
+            with contextlib.suppress(ValueError, AttributeError, TypeError, OSError):
+                self.take(json.loads(line))
+        self.state = "failed: the server exited" if self.state == "connected" else self.state
+        for slot in list(self.pending.values()):
+            slot.set()
+
+    def log(self) -> None:
+        """The server's stderr, for the trace and --verbose only."""
+        for line in self.proc.stderr:
+            self.emit({"type": "mcp_log", "server": self.name, "text": line.decode(errors="replace").rstrip()})
+
+    def take(self, message: dict) -> None:
+        """One message from the server."""
+        if "method" not in message:  # an answer
+            if slot := self.pending.get(message.get("id")):
+                slot.message = message
+                slot.set()
+        elif "id" in message:  # a request of the server's: answered, whatever it is
+            answers = {"ping": {}, "roots/list": {"roots": [{"uri": self.cwd.as_uri(), "name": self.cwd.name}]}}
+            method = message["method"]
+            self.send({"jsonrpc": "2.0", "id": message["id"], **({"result": answers[method]} if method in answers else
+                       {"error": {"code": -32601, "message": f"{method} is not supported"}})})
+        else:
+            self.emit({"type": "mcp_log", "server": self.name, "text": one_line(json.dumps(message), 300)})
+
+    def send(self, message: dict) -> Any:
+        """Write a message to the server (stdio), or post it (http) and take what comes back."""
+        if not self.proc:
+            return self.post(message)
+        with self.writing:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+
+    def post(self, message: dict) -> None:
+        """One message over streamable HTTP: the answer is JSON or server-sent events."""
+        response = requests.post(self.spec["url"], json=message, headers=self.headers, timeout=self.timeout)
+        if response.headers.get("Mcp-Session-Id"):
+            self.headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
+        if response.status_code >= 400:
+            raise McpError(f"HTTP {response.status_code} from {self.spec['url']}")
+        if "text/event-stream" in response.headers.get("Content-Type", ""):
+            lines = response.content.decode(errors="replace").splitlines()
+            bodies = [line[5:].strip() for line in lines if line.startswith("data:")]
+        else:
+            bodies = [response.content] if response.content.strip() else []
+        for body in bodies:
+            self.take(json.loads(body))
+
+    def request(self, method: str, params: dict, timeout: float) -> dict:
+        """A request's result; McpError for an error answer, a dead server or no answer in time."""
+        if self.state.startswith("failed") or self.closed:
+            raise McpError(f"MCP server {self.name} is not running")
+        slot, number = threading.Event(), next(self.ids)
+        slot.message, self.pending[number], self.timeout = None, slot, timeout
+        try:
+            self.send({"jsonrpc": "2.0", "id": number, "method": method, "params": params})
+            if not slot.wait(timeout):
+                raise McpError(f"MCP server {self.name} did not answer {method} within {timeout:g} s")
+        finally:
+            self.pending.pop(number, None)
+        if slot.message is None:
+            raise McpError(f"MCP server {self.name} is not running")
+        if isinstance(slot.message.get("error"), dict):
+            raise McpError(f"MCP server {self.name}: {one_line(slot.message['error'].get('message') or 'error')}")
+        return slot.message.get("result") if isinstance(slot.message.get("result"), dict) else {}
+
+    def call(self, tool: str, arguments: dict, timeout: float) -> str:
+        """Run one of the server's tools: its text parts joined, other parts described, errors as ToolError."""
+        try:
+            result = self.request("tools/call", {"name": tool, "arguments": arguments}, timeout)
+        except (McpError, OSError, requests.RequestException, ValueError) as error:
+            raise ToolError(str(error)) from None
+        parts = []
+        for part in result.get("content") or []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            resource = part.get("resource") or {} if kind == "resource" else {}
+            if kind == "text" or "text" in resource:
+                parts.append(str(part.get("text") or resource.get("text")))
+            elif kind:
+                what = part.get("mimeType") or resource.get("mimeType") or part.get("uri") or resource.get("uri") or ""
+                parts.append(f"[{kind} {what} ({len(part.get('data') or resource.get('blob') or '')} characters, not shown)]")
+        text = "\n".join(parts)
+        if not any(p.get("type") == "text" for p in result.get("content") or [] if isinstance(p, dict)) \
+                and result.get("structuredContent") is not None:
+            text = json.dumps(result["structuredContent"], ensure_ascii=False)
+        if result.get("isError"):
+            raise ToolError(text or f"{tool} failed")
+        return text or "(no output)"
+
+    def stop(self) -> None:
+        """End the server: its whole process group, or nothing when it never started."""
+        with self.lock:
+            self.closed, proc = True, self.proc
+        if proc and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(1)
+            except subprocess.TimeoutExpired:
+                signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        elif proc:
+            signal_group(proc.pid, signal.SIGKILL)  # children it left behind
+
+
+def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> Tool:
+    """A server's tool as an entry of the tool table: named mcp__server__tool (within the 64 characters and
+    the letters model APIs allow, unique), its schema made an object, read-only if the server says so."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", f"mcp__{server.name}__{tool['name']}")[:64]
+    for n in itertools.count(2):
+        if name not in taken:
+            break
+        name = f"{name[:60]}_{n}"
+    taken.add(name)
+    schema = dict(tool.get("inputSchema") if isinstance(tool.get("inputSchema"), dict) else {})
+    schema.update(type="object", properties=schema.get("properties") or {}, required=schema.get("required") or [])
+    read_only = bool((tool.get("annotations") or {}).get("readOnlyHint"))
+    return Tool(name, str(tool.get("description") or tool.get("title") or tool["name"])[:1024], schema,
+                lambda ctx, **args: server.call(tool["name"], args, timeout), asks=not read_only, read_only=read_only)
+
+
+def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None]) -> list[McpServer]:
+    """Every configured server, started at once; a server that fails gives one warning and is left out."""
+    servers = [McpServer(name, spec, cfg.cwd, env, emit) for name, spec in cfg.mcp]
+    threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    for server in servers:
+        if server.state != "connected":
+            emit({"type": "notice", "text": f"MCP server {server.name} {server.state}; going on without it"})
+    return servers
 
 
 # --- Messages -------------------------------------------------------------------------------------
@@ -2018,21 +2315,30 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
 
 def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages: list[dict],
               emit: Callable[[dict], None], *, cut: bool) -> None:
-    """Answer every tool call of an assistant message, in order, with one tool message each."""
+    """Answer every tool call of an assistant message with one tool message each, in order; consecutive
+    read-only calls run at the same time."""
     ctx = ctx._replace(reads=getattr(messages, "reads", None))  # Read short-cuts hold within one conversation
-    for call in message["tool_calls"]:
-        name, arguments = call["function"]["name"], call["function"]["arguments"]
-        emit({"type": "tool_call", "id": call["id"], "name": name, "arguments": arguments})
-        started = time.monotonic()
-        try:
-            if cut:
-                parse_arguments(arguments)  # a call cut off mid-arguments is not valid JSON
-            content = run_tool_call(call, tools, ctx)
-        except ValueError:
-            content = CUT_OFF
-        messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
-        emit({"type": "tool_result", "id": call["id"], "name": name, "arguments": arguments, "content": content,
-              "is_error": content.startswith("Error:"), "seconds": time.monotonic() - started})
+    for together, group in itertools.groupby(message["tool_calls"], key=lambda c: not cut and read_only(c, tools, ctx)):
+        group = list(group)
+        for start in range(0, len(group), BATCH if together else 1):
+            batch, started = group[start: start + (BATCH if together else 1)], time.monotonic()
+            for call in batch:
+                emit({"type": "tool_call", "id": call["id"], "name": call["function"]["name"],
+                      "arguments": call["function"]["arguments"]})
+            if len(batch) > 1:
+                contents = run_batch(batch, tools, ctx)
+            else:
+                try:
+                    if cut:
+                        parse_arguments(batch[0]["function"]["arguments"])  # a call cut off mid-arguments is not JSON
+                    contents = [run_tool_call(batch[0], tools, ctx)]
+                except ValueError:
+                    contents = [CUT_OFF]
+            for call, content in zip(batch, contents):
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+                emit({"type": "tool_result", "id": call["id"], "name": call["function"]["name"], "content": content,
+                      "arguments": call["function"]["arguments"], "is_error": content.startswith("Error:"),
+                      "seconds": time.monotonic() - started})
 
 
 def content_text(message: dict) -> str:
@@ -2099,8 +2405,15 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
     raise AssertionError("unreachable")
 
 
+def permitted(cfg: Config, name: str, server: str) -> bool:
+    """Whether --allowed-tools / --disallowed-tools let an MCP tool through (mcp__server names all its tools)."""
+    def listed(names: tuple[str, ...]) -> bool:
+        return name in names or f"mcp__{server}" in names
+    return (not cfg.allowed or listed(cfg.allowed)) and not listed(cfg.disallowed)
+
+
 class Agent:
-    """One run's model client, tools, skills and usage, shared by its conversations and sub-agents."""
+    """One run's model client, tools, skills, MCP servers and usage, shared by its conversations and sub-agents."""
 
     def __init__(self, cfg: Config, env: dict[str, str], emit: Callable[[dict], None], *,
                  confirm: Callable[[str, dict], bool] | None = None, sleep: Callable[[float], None] = time.sleep):
@@ -2110,6 +2423,17 @@ class Agent:
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
         self.ctx = ToolContext(cfg.cwd, command_env(env, cfg.pass_env), self.skills, confirm, self.fork, Leftovers())
+        self.servers = start_mcp(cfg, self.ctx.env, emit)
+        for server in self.servers:
+            for tool in server.tools if server.state == "connected" else []:
+                tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout)
+                if permitted(cfg, tool.name, server.name):
+                    self.tools[tool.name] = tool
+
+    def close(self) -> None:
+        """End the MCP servers."""
+        for server in self.servers:
+            server.stop()
 
     def conversation(self, resume: Path | None = None, fork: bool = False) -> Conversation:
         """The conversation to run, saved as it goes: resumed from a transcript, or new (the system message)."""
@@ -2211,6 +2535,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--fork-session", action="store_true", help="with --continue/--resume: go on under a new session id")
     add("--session-id", metavar="UUID", help="the id of a new session")
     add("--no-session-persistence", action="store_true", help="save nothing of this run's conversation")
+    add("--mcp-config", action="append", default=[], metavar="FILE_OR_JSON", help="MCP servers (.mcp.json's format)")
+    add("--strict-mcp-config", action="store_true", help="only the --mcp-config servers, not .mcp.json's")
     add("--no-cache", action="store_true", help="do not ask Anthropic models to cache the prompt")
     add("--no-project-instructions", action="store_true", help="do not read CLAUDE.md / AGENTS.md")
     add("--context-window", metavar="N", type=positive(int), help="the model's context window in tokens")
@@ -2228,10 +2554,10 @@ def names(text: str) -> list[str]:
 
 
 def select_tools(allowed: str, disallowed: str) -> tuple[str, ...]:
-    """The tool names to advertise; UsageError for a name that is no tool."""
+    """The built-in tools to advertise; UsageError for a name that is no tool (MCP names are checked later)."""
     for name in names(allowed) + names(disallowed):
-        if name not in TOOL_NAMES:
-            raise UsageError(f"no tool called {name}; tools: {', '.join(TOOL_NAMES)}")
+        if name not in TOOL_NAMES and not name.startswith("mcp__"):
+            raise UsageError(f"no tool called {name}; tools: {', '.join(TOOL_NAMES)}, mcp__SERVER, mcp__SERVER__TOOL")
     chosen = names(allowed) or list(TOOL_NAMES)
     return tuple(name for name in TOOL_NAMES if name in chosen and name not in names(disallowed))
 
@@ -2265,6 +2591,10 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         max_attempts=int(env_number(env, "SOLO_MAX_ATTEMPTS", 6)),
         output_format=args.output_format, verbose=args.verbose,
         tools=select_tools(args.allowed_tools, args.disallowed_tools),
+        allowed=tuple(names(args.allowed_tools)), disallowed=tuple(names(args.disallowed_tools)),
+        mcp=mcp_servers(([] if args.strict_mcp_config or not (cwd / ".mcp.json").is_file() else [str(cwd / ".mcp.json")])
+                        + args.mcp_config, env),
+        mcp_timeout=env_number(env, "MCP_TIMEOUT", 10), mcp_tool_timeout=env_number(env, "MCP_TOOL_TIMEOUT", 120),
         append_system_prompt=args.append_system_prompt, trace_path=args.trace,
         cache=not (args.no_cache or env.get("SOLO_NO_CACHE", "") not in ("", "0")),
         stream=not (args.no_stream or env.get("SOLO_NO_STREAM", "") not in ("", "0")),
@@ -2545,7 +2875,8 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     agent = Agent(cfg, env, reporter)
     if cfg.output_format == "stream-json":
         reporter.write_json({"type": "system", "subtype": "init", "session_id": cfg.session_id, "cwd": str(cfg.cwd),
-                             "model": cfg.model, "tools": list(agent.tools), "mcp_servers": [],
+                             "model": cfg.model, "tools": list(agent.tools),
+                             "mcp_servers": [{"name": s.name, "status": s.state} for s in agent.servers],
                              "permissionMode": "bypassPermissions", "version": VERSION, "uuid": new_uuid()})
     outcome, error, code = None, "", EXIT_OK
     try:
@@ -2553,6 +2884,8 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     except (AgentError, KeyboardInterrupt, Terminated) as exc:
         code, error = exit_status(exc)
         reporter.say(error)
+    finally:
+        agent.close()
     if outcome and outcome.subtype != "success":
         limit = "--max-turns" if outcome.subtype == "error_max_turns" else "--max-cost"
         error, code = f"stopped: the {limit} limit was reached after {outcome.turns} turns", EXIT_LIMIT
@@ -2568,7 +2901,7 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
 
 SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model [NAME] show or switch the model,
 /cost tokens and cost so far, /compact [FOCUS] summarise the conversation so far,
-/sessions this directory's sessions, /resume go on with one of them,
+/sessions this directory's sessions, /resume go on with one of them, /mcp the MCP servers,
 /exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 
@@ -2668,6 +3001,12 @@ class Session:
         elif word == "/compact":
             if not self.agent.compactor.compact(messages, estimate_tokens(messages), "manual", rest.strip()):
                 self.reporter.say("the conversation was not compacted")
+        elif word == "/mcp":
+            for server in self.agent.servers or []:
+                count = sum(name.startswith(f"mcp__{server.name}__") for name in self.agent.tools)
+                self.reporter.say(f"{server.name}: {server.state}, {count} tools")
+            if not self.agent.servers:
+                self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/sessions":
             sessions = Sessions(self.agent.cfg)
             for path in sessions.recent()[:10]:
@@ -2684,6 +3023,13 @@ class Session:
         return True
 
     def run(self) -> int:
+        """The session, its MCP servers ended whatever way it ends."""
+        try:
+            return self.loop()
+        finally:
+            self.agent.close()
+
+    def loop(self) -> int:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""
         import readline
         self.messages, interrupted = self.agent.conversation(*self.resume), 0.0
@@ -2695,13 +3041,16 @@ class Session:
                 self.streams.stderr.write("\n")
                 return EXIT_OK
             except KeyboardInterrupt:
-                self.streams.stderr.write("\n")
-                if readline.get_line_buffer().strip():
-                    continue
-                if time.monotonic() - interrupted < 1.0:
+                try:
+                    self.streams.stderr.write("\n")
+                    if readline.get_line_buffer().strip():
+                        continue
+                    if time.monotonic() - interrupted < 1.0:
+                        return EXIT_OK
+                    interrupted = time.monotonic()
+                    self.reporter.say("press Ctrl-C again to leave, or Ctrl-D")
+                except KeyboardInterrupt:  # a second Ctrl-C before the prompt is back
                     return EXIT_OK
-                interrupted = time.monotonic()
-                self.reporter.say("press Ctrl-C again to leave, or Ctrl-D")
                 continue
             if line in ("/exit", "/quit"):
                 return EXIT_OK

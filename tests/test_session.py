@@ -156,6 +156,7 @@ def test_ctrl_c_cancels_a_turn_and_returns_to_the_prompt(serve, terminal, worksp
         os.kill(pid, 0)
     term.send("\x03")  # Ctrl-C at an empty prompt only says how to leave
     term.expect("press Ctrl-C again to leave")
+    term.expect(PROMPT)
     term.send("\x03")  # and a second one within a second leaves
     assert term.wait() == 0
 
