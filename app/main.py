@@ -51,6 +51,7 @@ import random
 import re
 import select
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -126,7 +127,10 @@ class Config(NamedTuple):
     trace_path: str | None = None
     cache: bool = True  # ask Anthropic models to cache the prompt prefix
     pass_env: tuple[str, ...] = ()  # secret-looking variables commands may still see
-    yes: bool = False  # interactive session: run commands and edits without asking
+    permission_mode: str = "default"  # default | acceptEdits | plan | bypassPermissions (--yes)
+    sandbox: str = "off"  # off | read-only | workspace-write
+    sandbox_network: bool = False  # commands may open TCP connections in a confined mode
+    add_dirs: tuple[Path, ...] = ()  # more folders commands and tools may write in workspace-write
     home: Path | None = None  # for ~/.claude/skills
     solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: the model-list cache (None: nothing kept)
     instructions: bool = True  # read CLAUDE.md / AGENTS.md into the system prompt
@@ -307,6 +311,79 @@ class Leftovers:
                     os.close(fd)
 
 
+# --- Sandbox --------------------------------------------------------------------------------------
+
+
+SANDBOX_MODES = ("off", "read-only", "workspace-write")
+PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+WRITE_RIGHTS = [(1 << bit, 1) for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)] + [(1 << 13, 2), (1 << 14, 3), (1 << 15, 5)]
+FILE_RIGHTS = (1 << 1) | (1 << 14) | (1 << 15)  # write, truncate, ioctl: what a rule on a single file may grant
+DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system")
+
+
+class Sandbox(NamedTuple):
+    """Where commands and file tools may write (Linux Landlock: commands are confined before they start, every
+    child they run too), and whether commands may open TCP connections."""
+
+    mode: str
+    roots: tuple[Path, ...]  # folders writes may go beneath
+    ruleset: int  # the Landlock ruleset's fd, applied in each command's process
+    network: bool  # TCP connect and bind allowed
+
+    def check(self, path: Path, file_path: str) -> None:
+        """ToolError for a write that resolves (symlinks and '..' followed) outside the writable folders."""
+        real = Path(os.path.realpath(path))
+        if not any(real.is_relative_to(root) for root in self.roots):
+            raise ToolError(f"{file_path} is outside the folders this sandbox lets you write "
+                            f"({', '.join(map(str, self.roots))})")
+
+    def confine(self) -> None:
+        """In a new command's process, before it runs: no new privileges, then the ruleset."""
+        import ctypes  # loaded already by landlock(): nothing to import in the child
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(38, 1, 0, 0, 0) or libc.syscall(446, self.ruleset, 0):  # PR_SET_NO_NEW_PRIVS, restrict_self
+            raise OSError(ctypes.get_errno(), "the sandbox could not be applied")
+
+    def note(self, output: str, code: int) -> str:
+        """One line for a command the sandbox may have stopped; nothing for other failures."""
+        if code == 0 or not DENIED.search(output):
+            return ""
+        where = ", ".join(map(str, self.roots))
+        return f"\n[the sandbox ({self.mode}) denied part of this: commands may write only under {where}" + \
+               ("" if self.network else " and may not open network connections") + "]"
+
+
+def landlock(roots: tuple[Path, ...], network: bool) -> tuple[int, str]:
+    """A Landlock ruleset letting writes happen only beneath `roots` (and /dev/null and the terminal), with TCP
+    connect and bind denied unless `network`; its fd and a warning for what this kernel cannot enforce.
+    UsageError when the kernel has no Landlock."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    if abi < 1:
+        raise UsageError(f"this kernel has no Landlock ({os.strerror(ctypes.get_errno())}): a sandbox cannot be "
+                         "enforced here; run with --sandbox off to go on without one")
+    handled = sum(right for right, since in WRITE_RIGHTS if abi >= since)
+    net = 0 if network or abi < 4 else 0b11  # BIND_TCP, CONNECT_TCP
+    attr = struct.pack("<QQQ", handled, net, 0)[: 8 if abi < 4 else 16 if abi < 6 else 24]
+    ruleset = libc.syscall(444, attr, len(attr), 0)
+    if ruleset < 0:
+        raise UsageError(f"the Landlock ruleset could not be made: {os.strerror(ctypes.get_errno())}")
+    rules = [(root, handled) for root in roots] + [(Path(p), handled & FILE_RIGHTS)
+                                                   for p in ("/dev/null", "/dev/tty", "/dev/pts") if os.path.exists(p)]
+    for path, rights in rules:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            rights &= handled if path.is_dir() else FILE_RIGHTS
+            if libc.syscall(445, ruleset, 1, struct.pack("<Qi", rights, fd), 0):  # PATH_BENEATH
+                raise UsageError(f"the sandbox could not allow {path}: {os.strerror(ctypes.get_errno())}")
+        finally:
+            os.close(fd)
+    warning = "" if network or abi >= 4 else f"this kernel's Landlock (ABI {abi}) cannot block network connections"
+    return ruleset, warning
+
+
 # --- Tools ----------------------------------------------------------------------------------------
 
 
@@ -326,10 +403,11 @@ class ToolContext(NamedTuple):
     cwd: Path
     env: dict[str, str]
     skills: dict[str, Skill] = {}  # never mutated
-    confirm: Callable[[str, dict], bool] | None = None  # asks the user before a change; None: allowed
+    confirm: Callable[[str, dict], str] | None = None  # before a change: why it may not run ("": it may)
     fork: Callable[[str], str] | None = None  # runs a skill body as a sub-agent, returns its answer
     leftovers: Leftovers | None = None  # takes pipes that background processes hold; None: close them
     reads: dict | None = None  # the conversation's earlier full Reads: (path, offset, limit) -> file stamp
+    sandbox: Sandbox | None = None  # where writes may go; None: anywhere
 
 
 class Tool(NamedTuple):
@@ -580,6 +658,8 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
     path = resolve(ctx, file_path)
     if path.is_dir():
         raise ToolError(f"{file_path} is a directory; give a file path")
+    if ctx.sandbox:
+        ctx.sandbox.check(path, file_path)
     existed, encoding = path.is_file(), UTF8
     if existed:
         with open(path, "rb") as f:
@@ -598,6 +678,8 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
 def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
     """Replace an exact, unique string in a text file, keeping its encoding and line endings."""
     path = existing_file(ctx, file_path)
+    if ctx.sandbox:
+        ctx.sandbox.check(path, file_path)
     if old_string == new_string:
         raise ToolError("old_string and new_string are the same; there is nothing to change")
     if not old_string:
@@ -649,7 +731,8 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
         try:
             with signals_held():  # a stop signal is taken once the command is known, so it is always killed
                 proc = subprocess.Popen(["bash", "-c", command], cwd=ctx.cwd, env=ctx.env, stdin=subprocess.DEVNULL,
-                                        stdout=write_fd, stderr=write_fd, start_new_session=True)
+                                        stdout=write_fd, stderr=write_fd, start_new_session=True,
+                                        preexec_fn=ctx.sandbox.confine if ctx.sandbox else None)
         finally:
             os.close(write_fd)
         deadline = time.monotonic() + timeout / 1000
@@ -677,7 +760,8 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
     if signal_group(proc.pid, 0):
         notes.append(f"[the shell exited; background processes are still running (process group {proc.pid})]")
     text = out.text()
-    return (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join([*notes, f"[exit code {code}]"])
+    notes.append(f"[exit code {code}]" + (ctx.sandbox.note(text, code) if ctx.sandbox else ""))
+    return (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join(notes)
 
 
 @contextlib.contextmanager
@@ -1249,14 +1333,17 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
         return f"Error: the arguments were not valid JSON ({error}); {name} was not run"
     try:
         kwargs = check_arguments(tool, args)
-        if tool.asks and ctx.confirm and not ctx.confirm(tool.name, args):
-            return f"Error: the user declined to let {tool.name} run; ask them or try something else"
+        if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, args)):
+            return f"{DENIED_PREFIX}{why}"
         result = str(tool.run(ctx, **kwargs))
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
     return clip(result, tool.limit)
 
 
+PLAN_NOTE = ("[Plan mode: investigate with the read-only tools and answer with a plan for the change; make no "
+             "changes yet.]")
+DENIED_PREFIX = "Error: permission denied: "  # a call the permission mode or the user did not allow
 SEARCHES = ("Grep", "Glob")  # CPU-bound Python: run at once, they need processes, not threads
 BATCH = 10  # read-only calls run at once at most
 
@@ -2381,7 +2468,8 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
               ctx: ToolContext, usage: Usage, emit: Callable[[dict], None],
               info: Callable[[], dict] = dict, compactor: Compactor | None = None) -> Outcome:
     """Ask the model, run its tool calls, and repeat until it answers without tool calls or a limit is hit."""
-    specs, seen_ids, tokens = [tool.spec() for tool in tools.values()], set(), 0
+    plan = cfg.permission_mode == "plan"  # only what changes nothing is offered
+    specs, seen_ids, tokens = [tool.spec() for tool in tools.values() if not (plan and tool.asks)], set(), 0
     for turn in itertools.count(1):
         if cfg.max_turns and turn > cfg.max_turns:
             return Outcome("", "error_max_turns", cfg.max_turns)
@@ -2416,24 +2504,48 @@ class Agent:
     """One run's model client, tools, skills, MCP servers and usage, shared by its conversations and sub-agents."""
 
     def __init__(self, cfg: Config, env: dict[str, str], emit: Callable[[dict], None], *,
-                 confirm: Callable[[str, dict], bool] | None = None, sleep: Callable[[float], None] = time.sleep):
-        self.cfg, self.emit, self.usage, self.transcript = cfg, emit, Usage(), None
+                 ask_user: Callable[[str, dict], bool] | None = None, sleep: Callable[[float], None] = time.sleep):
+        self.cfg, self.emit, self.usage, self.transcript, self.ask_user = cfg, emit, Usage(), None, ask_user
         self.model = ModelClient(cfg, emit=emit, sleep=sleep)
         self.compactor = Compactor(cfg, self.model, self.model.model_info, emit)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
-        self.ctx = ToolContext(cfg.cwd, command_env(env, cfg.pass_env), self.skills, confirm, self.fork, Leftovers())
-        self.servers = start_mcp(cfg, self.ctx.env, emit)
+        self.scratch: Path | None = None  # a read-only sandbox's private temp folder
+        sandbox = self.confine(env)
+        tool_env = {**command_env(env, cfg.pass_env), **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
+        self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox)
+        self.servers = start_mcp(cfg, command_env(env, cfg.pass_env), emit)
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
                 tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout)
                 if permitted(cfg, tool.name, server.name):
                     self.tools[tool.name] = tool
 
+    def confine(self, env: dict[str, str]) -> Sandbox | None:
+        """The sandbox of the run's mode: read-only writes only in a private temp folder (commands' TMPDIR)."""
+        if self.cfg.sandbox == "off":
+            return None
+        roots = (self.cfg.cwd, Path(env.get("TMPDIR") or "/tmp"), *self.cfg.add_dirs)
+        if self.cfg.sandbox == "read-only":
+            import tempfile
+            self.scratch = Path(tempfile.mkdtemp(prefix="solo-sandbox-"))
+            roots = (self.scratch,)
+        roots = tuple(Path(os.path.realpath(root)) for root in roots)
+        ruleset, warning = landlock(roots, self.cfg.sandbox_network)
+        if warning:
+            self.notice(warning)
+        if self.cfg.verbose:
+            self.notice(f"sandbox {self.cfg.sandbox}: writes only under {', '.join(map(str, roots))}; network "
+                        f"{'on' if self.cfg.sandbox_network else 'off'}")
+        return Sandbox(self.cfg.sandbox, roots, ruleset, self.cfg.sandbox_network)
+
     def close(self) -> None:
-        """End the MCP servers."""
+        """End the MCP servers; remove a read-only sandbox's temp folder."""
         for server in self.servers:
             server.stop()
+        if self.scratch:
+            import shutil
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def conversation(self, resume: Path | None = None, fork: bool = False) -> Conversation:
         """The conversation to run, saved as it goes: resumed from a transcript, or new (the system message)."""
@@ -2476,8 +2588,19 @@ class Agent:
         ]
         if context:
             parts.append(f"<stdin>\n{context}\n</stdin>")
+        if self.cfg.permission_mode == "plan":
+            parts.append(PLAN_NOTE)
         messages.append({"role": "user", "content": "\n\n".join(parts)})
         return self.run(messages)
+
+    def permit(self, tool: str, args: dict) -> str:
+        """Why a call that changes things may not run, by the permission mode or the user; "" when it may."""
+        mode = self.cfg.permission_mode
+        if mode == "plan":
+            return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
+        if mode == "bypassPermissions" or (mode == "acceptEdits" and tool in ("Write", "Edit")) or not self.ask_user:
+            return ""
+        return "" if self.ask_user(tool, args) else f"the user declined to let {tool} run; ask them or try something else"
 
 
 # --- Command line ---------------------------------------------------------------------------------
@@ -2543,7 +2666,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--no-stream", action="store_true", help="ask for whole replies instead of streamed ones")
     add("--include-partial-messages", action="store_true", help="stream-json: a stream_event line per text delta")
     add("--pass-env", metavar="NAMES", default="", help="secret-looking variables commands may still see")
-    add("--yes", "-y", action="store_true", help="session: run commands and edits without asking")
+    add("--yes", "-y", action="store_true", help="run commands and edits without asking (--permission-mode bypassPermissions)")
+    add("--permission-mode", choices=PERMISSION_MODES, help="default: a session asks before changes; acceptEdits: "
+        "file edits do not ask; plan: read-only tools only; bypassPermissions: nothing asks")
+    add("--sandbox", choices=SANDBOX_MODES, help="confine commands and file tools: read-only, workspace-write, off")
+    add("--sandbox-network", choices=("on", "off"), help="commands may open network connections in a sandbox (off)")
+    add("--add-dir", action="append", default=[], metavar="DIR", help="workspace-write: another folder writes may go to")
     add("--version", action="store_true", help="print the version and exit")
     return parser.parse_args(argv)
 
@@ -2581,6 +2709,12 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         raise UsageError("OPENROUTER_API_KEY is not set; export your OpenRouter API key")
     home = Path(env["HOME"]) if env.get("HOME") else None
     solo_home = env.get("SOLO_HOME", "").strip()
+    sandbox = args.sandbox or env.get("SOLO_SANDBOX", "").strip() or "off"
+    if sandbox not in SANDBOX_MODES:
+        raise UsageError(f"SOLO_SANDBOX must be one of {', '.join(SANDBOX_MODES)}, not {sandbox!r}")
+    for folder in args.add_dir:
+        if not os.path.isdir(folder):
+            raise UsageError(f"--add-dir {folder}: no such folder")
     return Config(
         api_key=api_key, cwd=cwd,
         base_url=env.get("OPENROUTER_BASE_URL", "").strip() or DEFAULT_BASE_URL,
@@ -2602,7 +2736,9 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         compact_at=min(env_number(env, "SOLO_COMPACT_AT", 0.8), 1.0), persist=not args.no_session_persistence, session_days=env_number(env, "SOLO_SESSION_DAYS", 30),
         partial_messages=args.include_partial_messages,
         pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))),
-        yes=args.yes, home=home,
+        permission_mode="bypassPermissions" if args.yes else args.permission_mode or "default",
+        sandbox=sandbox, sandbox_network=args.sandbox_network == "on",
+        add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir), home=home,
         solo_home=Path(solo_home) if solo_home else home and home / ".solo",
         session_id=new_uuid(),
     )
@@ -2738,7 +2874,11 @@ class Reporter:
             self.streamed = False
             self.say(f"retrying in {event['retry_delay_ms'] / 1000:.1f} s (attempt {event['attempt']}/"
                      f"{event['max_retries']}): {event['error']}{cut}")
-        elif kind == "tool_result" and (self.cfg.verbose or self.interactive):
+        if kind == "tool_result" and event["content"].startswith(DENIED_PREFIX):
+            with contextlib.suppress(ValueError):
+                self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"],
+                                     "tool_input": parse_arguments(event["arguments"])})
+        if kind == "tool_result" and (self.cfg.verbose or self.interactive):
             self.say(f"{event['name']}({one_line(event['arguments'], 80)}) -> {'error' if event['is_error'] else 'ok'}, "
                      f"{len(event['content'])} chars, {event['seconds']:.2f} s")
         if self.cfg.output_format == "stream-json" and kind in ("assistant", "tool_result", "api_retry", "compact_boundary"):
@@ -2877,7 +3017,8 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
         reporter.write_json({"type": "system", "subtype": "init", "session_id": cfg.session_id, "cwd": str(cfg.cwd),
                              "model": cfg.model, "tools": list(agent.tools),
                              "mcp_servers": [{"name": s.name, "status": s.state} for s in agent.servers],
-                             "permissionMode": "bypassPermissions", "version": VERSION, "uuid": new_uuid()})
+                             "permissionMode": "bypassPermissions" if cfg.permission_mode == "default" else cfg.permission_mode,
+                             "sandbox": cfg.sandbox, "version": VERSION, "uuid": new_uuid()})
     outcome, error, code = None, "", EXIT_OK
     try:
         outcome = agent.ask(agent.conversation(resume, fork), prompt, context)
@@ -2902,6 +3043,7 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
 SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model [NAME] show or switch the model,
 /cost tokens and cost so far, /compact [FOCUS] summarise the conversation so far,
 /sessions this directory's sessions, /resume go on with one of them, /mcp the MCP servers,
+/mode [default|acceptEdits|plan|bypassPermissions] show or set what runs without asking,
 /exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 
@@ -2930,7 +3072,7 @@ class Session:
         self.streams, self.always, self.resume = streams, set(), (resume, fork)
         fancy = is_terminal(streams.stderr) and env.get("TERM", "dumb") != "dumb"
         self.reporter = Reporter(cfg, streams, interactive=True, fancy=fancy)
-        self.agent = Agent(cfg, env, self.reporter, confirm=None if cfg.yes else self.confirm)
+        self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm)
 
     def read_line(self, prompt: str, *, history: bool = True) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
@@ -3001,6 +3143,11 @@ class Session:
         elif word == "/compact":
             if not self.agent.compactor.compact(messages, estimate_tokens(messages), "manual", rest.strip()):
                 self.reporter.say("the conversation was not compacted")
+        elif word == "/mode":
+            if rest.strip() not in (*PERMISSION_MODES, ""):
+                raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
+            self.agent.cfg = self.agent.cfg._replace(permission_mode=rest.strip() or self.agent.cfg.permission_mode)
+            self.reporter.say(f"permission mode: {self.agent.cfg.permission_mode}")
         elif word == "/mcp":
             for server in self.agent.servers or []:
                 count = sum(name.startswith(f"mcp__{server.name}__") for name in self.agent.tools)

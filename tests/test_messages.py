@@ -69,10 +69,10 @@ def test_results_are_clipped_with_head_and_tail():
 
 
 def test_declined_by_the_user(tmp_path):
-    ctx = agent.ToolContext(cwd=tmp_path, env={}, confirm=lambda tool, args: False)
+    ctx = agent.ToolContext(cwd=tmp_path, env={}, confirm=lambda tool, args: f"the user declined to let {tool} run")
     out = agent.run_tool_call({"id": "x", "function": {"name": "Bash", "arguments": '{"command": "touch x"}'}},
                               TOOLS, ctx)
-    assert out.startswith("Error: the user declined") and not (tmp_path / "x").exists()
+    assert out == "Error: permission denied: the user declined to let Bash run" and not (tmp_path / "x").exists()
 
 
 def test_tool_specs_come_from_the_table():

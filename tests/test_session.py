@@ -105,7 +105,7 @@ def test_a_confirmation_answered_n_runs_nothing(serve, terminal, workspace):
     term.send("make a file\r")
     term.expect(r"Bash wants to run:\r\ntouch made\r\nAllow Bash\? \[y/n/a\] ")
     term.send("n\r")
-    term.expect("result: Error: the user declined")
+    term.expect("result: Error: permission denied: the user declined")
     assert not (workspace / "made").exists()
     term.send("/exit\r")
     assert term.wait() == 0
@@ -204,7 +204,7 @@ def test_control_characters_are_shown_escaped_not_obeyed(serve, terminal, worksp
     shown = term.expect(r"Allow Bash\? \[y/n/a\] ")
     assert r"touch pwned\r\x1b[2Kls -la" in shown and "\x1b" not in shown
     term.send("n\r")
-    term.expect("done: Error: the user declined")
+    term.expect("done: Error: permission denied: the user declined")
     assert not (workspace / "pwned").exists()
 
 
@@ -259,7 +259,7 @@ def test_typed_ahead_text_does_not_answer_and_only_y_n_a_do(serve, terminal, wor
     term.send("sure\r")
     term.expect(r"Please answer y \(yes\), n \(no\) or a \(always, for this tool\): ")
     term.send("\x04")  # Ctrl-D at the question means no
-    term.expect("answer: Error: the user declined")
+    term.expect("answer: Error: permission denied: the user declined")
     assert not (workspace / "made").exists()
     term.expect(PROMPT)
     term.send("\x1b[A\r")  # up-arrow recalls the last prompt, never a permission answer
