@@ -9,5 +9,6 @@ if [ ! -f "$venv/.ready" ] || [ "$here/pyproject.toml" -nt "$venv/.ready" ] || [
   "$here/tests/setup.sh" >&2
 fi
 # -P keeps the working directory off sys.path, so a workspace's own app/ folder can never shadow
-# ours; importing (rather than running the file) lets Python reuse the compiled bytecode.
-exec "$venv/bin/python" -P -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from app.main import cli; cli()' "$here" "$@"
+# ours; importing (rather than running the file) lets Python reuse the compiled bytecode. A Ctrl-C
+# during the imports ends quietly with 130; cli() then handles signals itself.
+exec "$venv/bin/python" -P -c 'import signal, sys; signal.signal(signal.SIGINT, lambda *_: sys.exit(130)); sys.path.insert(0, sys.argv.pop(1)); from app.main import cli; cli()' "$here" "$@"

@@ -46,11 +46,13 @@ import heapq
 import io
 import itertools
 import json
+import math
 import os
 import random
 import re
 import select
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -88,6 +90,7 @@ SEARCH_SECONDS = 30.0  # Glob and Grep stop here: a huge tree or a runaway regex
 SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
 SKIP_DIRS = {".git", ".hg", ".svn"}
 SNIFF_BYTES = 8192  # bytes looked at to decide whether a file is text
+SKILL_LIMIT = 256_000  # bytes of one SKILL.md
 
 RETRY_STATUSES = {408, 429, 500, 502, 503, 504, 524, 529}
 FINAL_STATUSES = {400, 401, 402, 403, 404}
@@ -98,6 +101,7 @@ STATUS_HINTS = {
 }
 BACKOFF_BASE, BACKOFF_CAP = 1.0, 30.0  # seconds: first retry wait, longest single wait
 RETRY_AFTER_CAP, TOTAL_WAIT_CAP = 60.0, 180.0  # seconds: longest Retry-After honoured, all waits
+REPLY_BYTES, REPLY_SECONDS = 256_000_000, 1800.0  # one streamed reply may be no larger and take no longer
 MODEL_LIST_SECONDS = 86_400  # the model list (context windows, prices) is asked again after a day
 SHRINK_ATTEMPTS = 3  # times the conversation is shrunk after a context-length refusal
 STUB_MIN_CHARS = 400  # tool results shorter than this are not worth replacing with a stub
@@ -251,13 +255,34 @@ def signals_held() -> Iterator[None]:
         yield
     finally:
         for sig, handler in saved.items():
-            signal.signal(sig, handler)
+            while handler is not None and signal.getsignal(sig) is not handler:  # a signal landing here must not
+                # leave one of them unrestored
+                with contextlib.suppress(KeyboardInterrupt, Terminated):
+                    signal.signal(sig, handler)
         for sig in caught[:1]:  # delivered now, to the caller, who knows the child by now
             handler = saved[sig]
             if callable(handler):
                 handler(sig, None)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(sig)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise OutOfTime after `seconds`, even inside a regex match; in the main thread only."""
+    def expire(signum: int, frame: Any) -> None:
+        raise OutOfTime(f"it ran for more than {seconds:g} s and was stopped")
+    try:
+        previous = signal.signal(signal.SIGALRM, expire)
+    except ValueError:  # not the main thread: no limit
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -481,6 +506,18 @@ def existing_file(ctx: ToolContext, file_path: str) -> Path:
     return path
 
 
+def read_small(path: Path, limit: int = 1 << 20) -> str:
+    """The text of a regular file of at most `limit` bytes (settings, instructions, skills); OSError for anything
+    else, so a FIFO, a device or a huge file can neither hang nor flood the agent."""
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path} is larger than {limit} bytes")
+    return data.decode("utf-8", errors="replace")
+
+
 class Encoding(NamedTuple):
     """A text file's encoding: a codec and the byte-order mark it starts with, kept when the file is written."""
 
@@ -543,13 +580,16 @@ def bounded_lines(f, size: int) -> Iterator[tuple[str, bool]]:
         yield line, cut
 
 
-def count_lines(f) -> int:
-    """Lines from the file's position to its end, counted in fixed-size chunks."""
+def count_lines(f, limit: int = 256) -> tuple[int, bool]:
+    """Lines from the file's position to its end, counted in chunks of a MB, at most `limit` chunks; and
+    whether that was all of them."""
     count, last = 0, "\n"
-    while chunk := f.read(1 << 20):
+    for _ in range(limit):
+        if not (chunk := f.read(1 << 20)):
+            return count + (last != "\n"), True
         count += chunk.count("\n")
         last = chunk[-1:]
-    return count + (last != "\n")
+    return count, False
 
 
 def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = READ_LINES) -> str:
@@ -562,7 +602,7 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     if ctx.reads is not None and ctx.reads.get(key) == stamp:
         return f"[{file_path} has not changed since your earlier Read of these lines: that result is still current]"
     f, encoding = open_text(path)
-    with f:
+    with f, time_limit(SEARCH_SECONDS):  # a special file under /proc can block, a sparse one go on for ever
         if encoding is None:
             raise ToolError(f"{file_path} is a binary file ({path.stat().st_size} bytes); Read shows text only")
         parts, size, number, more = [], 0, 0, ""
@@ -572,7 +612,8 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
             if cut or len(line.rstrip("\r\n")) > LINE_LIMIT:
                 line = line[:LINE_LIMIT] + f" [line cut at {LINE_LIMIT} characters]\n"
             if number >= offset + limit or size + len(line) > READ_LIMIT:
-                total = number + count_lines(f)
+                rest, whole = count_lines(f)
+                total = f"{'' if whole else 'more than '}{number + rest}"
                 more = f"\n[Showing lines {offset}-{number - 1} of {total}. Use offset={number} to read on.]"
                 break
             parts.append(line)
@@ -658,6 +699,8 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
     path = resolve(ctx, file_path)
     if path.is_dir():
         raise ToolError(f"{file_path} is a directory; give a file path")
+    if path.exists() and not path.is_file():
+        raise ToolError(f"{file_path} is not a regular file (a device, a FIFO or a socket); Write replaces only files")
     if ctx.sandbox:
         ctx.sandbox.check(path, file_path)
     existed, encoding = path.is_file(), UTF8
@@ -764,24 +807,6 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
     return (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join(notes)
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Raise OutOfTime after `seconds`, even inside a regex match; in the main thread only."""
-    def expire(signum: int, frame: Any) -> None:
-        raise OutOfTime
-    try:
-        previous = signal.signal(signal.SIGALRM, expire)
-    except ValueError:  # not the main thread: no limit
-        yield
-        return
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def glob_regex(pattern: str) -> str:
     """A glob as a regular expression over '/'-separated paths: '**/' any folders, '*' and '?' within a
     name, '[...]' classes and '{a,b}' alternatives."""
@@ -794,7 +819,7 @@ def glob_regex(pattern: str) -> str:
             continue
         negated = pattern[i + 1: i + 2] in ("!", "^")
         if ch == "[" and (end := pattern.find("]", i + 2 + negated)) > 0:  # a ']' first in a class is literal
-            body = pattern[i + 1 + negated: end].replace("\\", "\\\\")
+            body = pattern[i + 1 + negated: end].replace("\\", "\\\\").replace("[", "\\[")
             out.append(f"[^{body}/]" if negated else f"[{body}]")  # never a '/', as in a shell
             i = end
         elif ch == "{":
@@ -806,7 +831,7 @@ def glob_regex(pattern: str) -> str:
                     start = j + 1
                 if depth == 0:
                     break
-            if depth:  # no closing brace: a literal '{'
+            if depth or len(options) < 2:  # no closing brace or no comma: a literal '{'
                 out.append(re.escape(ch))
             else:
                 out.append("(?:" + "|".join(glob_regex(o) for o in options) + ")")
@@ -1047,10 +1072,10 @@ def parse_frontmatter(text: str) -> tuple[dict[str, str], str]:
 
 def load_skill(file: Path) -> Skill:
     """One skill from its SKILL.md; ValueError when it is empty or malformed."""
-    fields, body = parse_frontmatter(file.read_text(encoding="utf-8"))
+    fields, body = parse_frontmatter(read_small(file, SKILL_LIMIT))
     if not body:
         raise ValueError("its body is empty")
-    description = (fields.get("description") or "").strip() or body.splitlines()[0]
+    description = one_line((fields.get("description") or "").strip() or body.splitlines()[0], 1024)
     return Skill(
         name=fields.get("name") or file.parent.name, description=description, body=body,
         folder=file.parent, fork=fields.get("context", "").lower() == "fork",
@@ -1159,7 +1184,7 @@ def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path,
         if path in seen or len(seen) > IMPORT_DEPTH:
             return f"[@{name}: not imported, {'it imports itself' if path in seen else 'imports nest too deep'}]"
         try:
-            return expand_imports(path.read_text(encoding="utf-8", errors="replace"), path.parent, home, (*seen, path))
+            return expand_imports(read_small(path), path.parent, home, (*seen, path))
         except OSError:
             return f"[@{name}: not found]"
     out, fenced = [], False
@@ -1178,7 +1203,7 @@ def project_instructions(cfg: Config, notice: Callable[[str], None]) -> str:
     parts, loaded, cut, room = [], [], [], INSTRUCTIONS_LIMIT
     for path in instruction_files(cfg.cwd, cfg.home):
         with contextlib.suppress(OSError):
-            text = expand_imports(path.read_text(encoding="utf-8", errors="replace"), path.parent, cfg.home,
+            text = expand_imports(read_small(path), path.parent, cfg.home,
                                   (path.resolve(),)).strip()
             part = f'<instructions file="{path}">\n{text}\n</instructions>'
             if len(part.encode()) > room:
@@ -1333,7 +1358,7 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
         return f"Error: the arguments were not valid JSON ({error}); {name} was not run"
     try:
         kwargs = check_arguments(tool, args)
-        if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, args)):
+        if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, kwargs)):  # shown as they will run
             return f"{DENIED_PREFIX}{why}"
         result = str(tool.run(ctx, **kwargs))
     except Exception as error:  # the one place a tool failure becomes a result
@@ -1436,7 +1461,7 @@ def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dic
     servers: dict[str, dict] = {}
     for source in sources:
         try:
-            data = json.loads(source if source.lstrip().startswith("{") else Path(source).read_text(encoding="utf-8"))
+            data = json.loads(source if source.lstrip().startswith("{") else read_small(Path(source)))
             entries = data["mcpServers"]
             assert isinstance(entries, dict) and all(isinstance(s, dict) for s in entries.values())
         except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
@@ -1775,7 +1800,7 @@ def shrink(messages: list[dict]) -> int:
 def read_json(path: Path) -> dict:
     """A JSON object from a file of ours; {} when it is missing or unreadable."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(read_small(path))
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
@@ -1873,8 +1898,12 @@ def judge(status: int, headers: Any, text: str) -> dict:
 STREAMED_TEXT = {"content", "reasoning", "refusal", "arguments", "text", "summary", "data"}  # sent in pieces
 
 
+class Pieces(list):
+    """The pieces of a streamed text, joined once at the end (joining as they come takes quadratic time)."""
+
+
 def merge_delta(into: dict, delta: dict) -> None:
-    """Add a streamed delta to what came before: text concatenates, lists by their items' `index`, other
+    """Add a streamed delta to what came before: text adds up, lists merge by their items' `index`, other
     values are set (a null never replaces a value)."""
     for key, value in delta.items():
         if isinstance(value, list) and key in ("tool_calls", "reasoning_details"):
@@ -1882,13 +1911,23 @@ def merge_delta(into: dict, delta: dict) -> None:
             for item in value:
                 if isinstance(item, dict):
                     index = item.get("index", len(parts))
-                    merge_delta(parts.setdefault(index, {}), item)
-        elif isinstance(value, dict):
+                    merge_delta(parts.setdefault(index if isinstance(index, int) else len(parts), {}), item)
+        elif isinstance(value, dict) and isinstance(into.get(key, {}), dict):
             merge_delta(into.setdefault(key, {}), value)
-        elif isinstance(value, str) and isinstance(into.get(key), str) and key in STREAMED_TEXT:
-            into[key] += value
+        elif isinstance(value, str) and key in STREAMED_TEXT and isinstance(into.get(key), (str, Pieces)):
+            into[key] = into[key] if isinstance(into[key], Pieces) else Pieces([into[key]])
+            into[key].append(value)
         elif value is not None or key not in into:
             into[key] = value
+
+
+def settled(value: Any) -> Any:
+    """A merged delta as a message field: pieces joined, merged lists back in their index order."""
+    if isinstance(value, Pieces):
+        return "".join(value)
+    if isinstance(value, dict) and value and all(isinstance(k, int) for k in value):
+        return [settled(value[k]) for k in sorted(value)]
+    return {k: settled(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 class StreamedReply:
@@ -1896,33 +1935,39 @@ class StreamedReply:
     non-streamed request would have got."""
 
     def __init__(self, on_delta: Callable[[dict], None]):
-        self.pending, self.data, self.on_delta = b"", [], on_delta
+        self.pending, self.data, self.on_delta, self.size = [], [], on_delta, 0
         self.response: dict = {}
         self.choice: dict = {"message": {"role": "assistant"}}
-        self.done = False
+        self.done = self.seen = False
 
     def feed(self, chunk: bytes) -> None:
         """Take the next bytes of the stream."""
-        lines = (self.pending + chunk).split(b"\n")
-        self.pending = lines.pop()
+        self.size += len(chunk)
+        if self.size > REPLY_BYTES:
+            raise ApiError(f"the reply passed {REPLY_BYTES // 1_000_000} MB; it was abandoned")
+        self.pending.append(chunk)
+        if b"\n" not in chunk:  # a long line comes in many pieces: join them once, when it ends
+            return
+        lines = b"".join(self.pending).split(b"\n")
+        self.pending = [lines.pop()]
         for line in lines:
             line = line.removesuffix(b"\r")
             if line.startswith(b"data:"):
                 self.data.append(line[5:].removeprefix(b" "))
             elif not line and self.data:  # a blank line ends an event; ':' comments are keep-alives
                 data, self.data = b"\n".join(self.data), []
-                self.event(data)
+                try:
+                    self.event(data)
+                except (TypeError, AttributeError, KeyError, ValueError, RecursionError, OverflowError):
+                    raise ApiError(f"the API sent a malformed stream event: {one_line(data.decode(errors='replace'), 100)}",
+                                   retryable=True) from None
 
     def event(self, data: bytes) -> None:
         """Take one event: a chunk of the reply, an error, or the end."""
         if data.strip() == b"[DONE]":
             self.done = True
             return
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise ApiError(f"the API sent a stream event that is not JSON: {one_line(data.decode(errors='replace'), 120)}",
-                           retryable=True) from None
+        chunk = json.loads(data)
         if not isinstance(chunk, dict):
             return
         if chunk.get("error"):
@@ -1937,19 +1982,18 @@ class StreamedReply:
                 message, _ = error_message(200, choice.get("error") or "the provider failed mid-reply")
                 raise ApiError(f"the provider failed mid-reply: {message}", retryable=True)
             delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            self.seen = True
             merge_delta(self.choice, {k: v for k, v in choice.items() if k not in ("delta", "index")})
             merge_delta(self.choice["message"], delta)
             self.on_delta(delta)
 
     def result(self) -> dict:
         """The whole response; ApiError when the stream stopped before the reply was complete."""
+        if not self.seen:
+            raise ApiError("the API returned a reply with no choices", retryable=True)
         if not self.done and not self.choice.get("finish_reason"):
             raise ApiError("the stream stopped before the reply was complete", retryable=True)
-        message = self.choice["message"]
-        for key in ("tool_calls", "reasoning_details"):
-            if isinstance(message.get(key), dict):
-                message[key] = [message[key][i] for i in sorted(message[key], key=lambda i: i if isinstance(i, int) else -1)]
-        return {**self.response, "object": "chat.completion", "choices": [{"index": 0, **self.choice}]}
+        return {**self.response, "object": "chat.completion", "choices": [{"index": 0, **settled(self.choice)}]}
 
 
 class ModelClient:
@@ -1988,6 +2032,8 @@ class ModelClient:
                 for chunk in response.iter_content(chunk_size=None):  # each piece as it arrives
                     first = first or time.monotonic()
                     reply.feed(chunk)
+                    if time.monotonic() - started > REPLY_SECONDS:  # keep-alives alone can go on for ever
+                        raise ApiError(f"the reply took longer than {REPLY_SECONDS / 60:g} minutes; it was abandoned")
                 return reply.result()
         except requests.RequestException as error:
             if "Connection refused" in str(error) and on_loopback(self.url):  # nothing to wait for
@@ -2010,8 +2056,10 @@ class ModelClient:
         if self.info is None:
             key, path = f"{self.cfg.base_url} {self.cfg.model}", self.cfg.solo_home and self.cfg.solo_home / "models.json"
             cache = read_json(path) if path else {}
-            if time.time() - cache.get(key, {}).get("time", 0) < MODEL_LIST_SECONDS:
-                self.info = cache[key]["info"]
+            entry = cache.get(key) if isinstance(cache.get(key), dict) else {}
+            if isinstance(entry.get("time"), (int, float)) and time.time() - entry["time"] < MODEL_LIST_SECONDS \
+                    and isinstance(entry.get("info"), dict):
+                self.info = entry["info"]
                 return self.info
             try:
                 response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
@@ -2350,7 +2398,8 @@ class Usage:
         details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
         values = [usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens"),
                   details.get("cache_write_tokens"), usage.get("cost")]
-        values = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values]
+        values = [v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+                  for v in values]
         row = self.models.setdefault(model, [0, 0, 0, 0, 0.0])
         for i, value in enumerate(values):
             row[i] += (value or 0) if i == 4 else int(value or 0)
@@ -2455,7 +2504,8 @@ def spent(cfg: Config, usage: Usage, info: Callable[[], dict], emit: Callable[[d
     pricing = info().get("pricing") or {}
     try:
         price = float(pricing["prompt"]), float(pricing["completion"])
-    except (KeyError, TypeError, ValueError):
+        assert all(0 <= p < math.inf for p in price)  # OpenRouter gives -1 for a price that varies
+    except (KeyError, TypeError, ValueError, AssertionError):
         raise UsageError(f"--max-cost cannot be enforced: the server reports no cost and no price is known for "
                          f"{cfg.model}") from None
     if not usage.estimated:
@@ -2619,7 +2669,8 @@ def positive(kind: type) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         try:
             value = kind(text)
-        except ValueError:
+            assert math.isfinite(value)
+        except (ValueError, AssertionError):
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be above zero: {text!r}")
@@ -2697,7 +2748,7 @@ def env_number(env: dict[str, str], name: str, default: float) -> float:
         value = float(text) if text else default
     except ValueError:
         value = -1
-    if value <= 0:
+    if not 0 < value < math.inf:
         raise UsageError(f"{name} must be a number above zero, not {text!r}")
     return value
 
@@ -2707,6 +2758,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     api_key = env.get("OPENROUTER_API_KEY", "").strip()
     if not api_key:
         raise UsageError("OPENROUTER_API_KEY is not set; export your OpenRouter API key")
+    if not api_key.isascii() or not api_key.isprintable():
+        raise UsageError("OPENROUTER_API_KEY holds characters a key cannot have (a line break or control character?)")
     home = Path(env["HOME"]) if env.get("HOME") else None
     solo_home = env.get("SOLO_HOME", "").strip()
     sandbox = args.sandbox or env.get("SOLO_SANDBOX", "").strip() or "off"
@@ -2715,9 +2768,14 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     for folder in args.add_dir:
         if not os.path.isdir(folder):
             raise UsageError(f"--add-dir {folder}: no such folder")
+    base_url = env.get("OPENROUTER_BASE_URL", "").strip() or DEFAULT_BASE_URL
+    try:
+        import urllib.parse
+        assert urllib.parse.urlsplit(base_url).scheme in ("http", "https") and urllib.parse.urlsplit(base_url).hostname
+    except (ValueError, AssertionError):
+        raise UsageError(f"OPENROUTER_BASE_URL is not an http(s) URL: {base_url!r}") from None
     return Config(
-        api_key=api_key, cwd=cwd,
-        base_url=env.get("OPENROUTER_BASE_URL", "").strip() or DEFAULT_BASE_URL,
+        api_key=api_key, cwd=cwd, base_url=base_url,
         model=args.model or env.get("OPENROUTER_MODEL", "").strip() or DEFAULT_MODEL,
         max_turns=args.max_turns, max_cost=args.max_cost,
         connect_timeout=args.connect_timeout or env_number(env, "SOLO_CONNECT_TIMEOUT", 10.0),
@@ -2840,7 +2898,8 @@ class Reporter:
         self.thinking(False)
         with contextlib.suppress(OSError):
             self.end_line()
-            print(f"solo: {redact(text, self.cfg.api_key)}", file=self.streams.stderr, flush=True)
+            print(for_terminal(f"solo: {redact(text, self.cfg.api_key)}", self.streams.stderr), file=self.streams.stderr,
+                  flush=True)
 
     def end_line(self) -> None:
         """End the line of streamed text on stdout, if one is open."""
@@ -2853,7 +2912,8 @@ class Reporter:
         """Take one event from the agent."""
         kind = event["type"]
         if self.trace and kind != "delta":  # the reply's rebuilt message follows as 'assistant'
-            self.trace.write(json.dumps({"time": round(time.time(), 3), **event}, ensure_ascii=False) + "\n")
+            self.trace.write(redact(json.dumps({"time": round(time.time(), 3), **event}, ensure_ascii=False),
+                                    self.cfg.api_key) + "\n")
             self.trace.flush()
         if kind == "delta":
             return self.delta(event["delta"])
@@ -2915,11 +2975,11 @@ class Reporter:
 
     def write_json(self, obj: dict) -> None:
         """One JSON object as a line on stdout."""
-        print(json.dumps(obj, ensure_ascii=False), file=self.streams.stdout, flush=True)
+        print(redact(json.dumps(obj, ensure_ascii=False), self.cfg.api_key), file=self.streams.stdout, flush=True)
 
     def answer(self, text: str) -> None:
         """The final answer on stdout."""
-        print(for_terminal(text, self.streams.stdout), file=self.streams.stdout, flush=True)
+        print(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout), file=self.streams.stdout, flush=True)
 
     def thinking(self, on: bool) -> None:
         """Show or clear a note while the model thinks: in a session on a terminal that can take it."""
@@ -3057,10 +3117,10 @@ def describe_call(cwd: Path, tool: str, args: dict) -> str:
     if tool == "Write":
         target, new = Path(cwd, os.path.expanduser(path)), str(args.get("content", ""))
         with contextlib.suppress(OSError):
-            old = target.read_text(errors="replace") if target.stat().st_size <= EDIT_MAX_BYTES else "(a large file)"
+            old = read_small(target)
     diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1))[2:]
     more = [f"[... {len(diff) - DIFF_LINES} more lines of the change not shown]"] if len(diff) > DIFF_LINES else []
-    every = " (every occurrence)" if args.get("replace_all") in (True, "true") else ""
+    every = " (every occurrence)" if args.get("replace_all") is True else ""
     return visible(path) + every + "\n" + visible("\n".join(diff[:DIFF_LINES] + more))
 
 
@@ -3069,8 +3129,10 @@ class Session:
 
     def __init__(self, cfg: Config, env: dict[str, str], streams: Streams, resume: Path | None = None,
                  fork: bool = False):
+        if not is_terminal(streams.stderr):  # its prompts and questions would go where the user cannot see them
+            raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
         self.streams, self.always, self.resume = streams, set(), (resume, fork)
-        fancy = is_terminal(streams.stderr) and env.get("TERM", "dumb") != "dumb"
+        fancy = env.get("TERM", "dumb") not in ("", "dumb")
         self.reporter = Reporter(cfg, streams, interactive=True, fancy=fancy)
         self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm)
 
@@ -3211,9 +3273,9 @@ class Session:
             mark, interrupted = len(messages), 0.0
             try:
                 outcome = self.agent.ask(messages, line)
-            except (KeyboardInterrupt, AgentError) as error:  # an unfinished turn leaves no trace
+            except (KeyboardInterrupt, Exception) as error:  # an unfinished turn leaves no trace; the session goes on
                 del messages[mark:]
-                self.reporter.say(str(error) if isinstance(error, AgentError) else "cancelled")
+                self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
                 continue
             with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing
                 if outcome.subtype != "success":
@@ -3238,7 +3300,11 @@ def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, st
         if args.version:
             print(f"solo {VERSION}", file=streams.stdout)
             return EXIT_OK
-        cfg = build_config(args, env, Path.cwd())
+        try:
+            cwd = Path.cwd()
+        except OSError:
+            raise UsageError("the working directory no longer exists") from None
+        cfg = build_config(args, env, cwd)
         prompt, context = read_prompt(args.prompt, streams.stdin, say)
         cfg, resume = choose_session(args, cfg, streams.stdin, say)
         if prompt is None:
@@ -3267,14 +3333,32 @@ def standard_streams() -> None:
         stream.reconfigure(errors="replace")
 
 
+def scrub_environ(name: str) -> None:
+    """Blank a variable's value in this process's original environment block, which /proc/<pid>/environ shows to
+    every command run by the same user; os.environ keeps it."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end
+        with open("/proc/self/mem", "r+b", buffering=0) as memory:
+            memory.seek(start)
+            offset, key = start, name.encode() + b"="
+            for entry in memory.read(end - start).split(b"\0"):
+                if entry.startswith(key):
+                    memory.seek(offset + len(key))
+                    memory.write(b"\0" * (len(entry) - len(key)))
+                offset += len(entry) + 1
+
+
 def cli() -> None:
     """The program's entry point: stop signals unwind like Ctrl-C, main's result is the exit status."""
     def terminated(signum: int, frame: Any) -> None:
         raise Terminated(signum)
     signal.signal(signal.SIGTERM, terminated)
-    signal.signal(signal.SIGHUP, terminated)
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # under nohup, the terminal closing must not stop us
+        signal.signal(signal.SIGHUP, terminated)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with Ctrl-C ignored
     standard_streams()
+    scrub_environ("OPENROUTER_API_KEY")
     code = main()
     try:
         sys.stdout.flush()

@@ -297,7 +297,7 @@ def test_reasoning_and_its_details_merge_by_their_own_index():
     (sse(chunk({"content": "par"}), {"choices": [{"index": 0, "delta": {}, "finish_reason": "error",
                                                   "error": {"message": "overloaded"}}]}), "mid-reply: overloaded", True),
     (sse(chunk({"content": "cut off"})), "the stream stopped before the reply was complete", True),
-    (b"data: {not json\n\n", "not JSON", True),
+    (b"data: {not json\n\n", "malformed stream event", True),
 ])
 def test_mid_stream_errors_end_the_attempt(data, message, retryable):
     with pytest.raises(agent.ApiError) as caught:

@@ -331,7 +331,11 @@ def test_ctrl_c_while_a_finished_answer_prints_keeps_the_turn(serve, workspace):
     from app import main as agent
     server = serve(lambda body: reply(f"answer {len(user_turns(body))}"))
     cfg = agent.Config(api_key="k", cwd=workspace, base_url=server.url, tools=agent.TOOL_NAMES, stream=False)
-    session = agent.Session(cfg, {}, agent.Streams(io.StringIO(), io.StringIO(), io.StringIO()))
+    class Screen(io.StringIO):
+        def isatty(self) -> bool:  # a session shows its prompts on a terminal
+            return True
+
+    session = agent.Session(cfg, {}, agent.Streams(io.StringIO(), io.StringIO(), Screen()))
     prompts, printed = ["first", "second"], []
 
     def next_prompt() -> str:
