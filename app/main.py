@@ -633,7 +633,7 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
 def replace_file(target: Path, data: bytes, mode: int | None) -> None:
     """Swap in new bytes all at once: a temp file beside the target, then a rename."""
     tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if mode is not None else 0o666)  # private until chmod
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -3110,8 +3110,9 @@ DIFF_LINES = 40  # lines of a file change shown before the user allows it
 
 def describe_call(cwd: Path, tool: str, args: dict) -> str:
     """What a call will do, shown whole before the user allows it: every line of a command, a file change's diff."""
-    if tool not in ("Write", "Edit"):
-        return visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
+    if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
+        text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
+        return re.sub(r"\n[ \t]*(?:\n[ \t]*){2,}\n", lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
     import difflib  # only when asking: it costs start-up time
     path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
     if tool == "Write":
