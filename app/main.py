@@ -2703,7 +2703,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--append-system-prompt", metavar="TEXT", default="", help="text added to the end of the system prompt")
     add("--trace", metavar="FILE", help="write every request, reply and tool call as JSON lines")
     add("--connect-timeout", metavar="S", type=positive(float), help="seconds to connect to the API (default 10)")
-    add("--read-timeout", metavar="S", type=positive(float), help="seconds to wait for a reply (default 300)")
+    add("--read-timeout", metavar="S", type=positive(float), help="longest silence while a reply arrives (default 300)")
     add("-c", "--continue", dest="continue_session", action="store_true", help="go on with this directory's latest session")
     add("-r", "--resume", nargs="?", const="", metavar="ID", help="go on with a session (id or prefix; none: pick one)")
     add("--fork-session", action="store_true", help="with --continue/--resume: go on under a new session id")
