@@ -47,6 +47,7 @@ import io
 import itertools
 import json
 import math
+import zlib
 import os
 import random
 import re
@@ -2096,8 +2097,14 @@ class ModelClient:
 
 
 TRANSCRIPT_FORMAT = 1
-SECRET_PATTERN = re.compile(r"sk-or-v1-[0-9a-fA-F]{16,}|sk-(?:ant-|proj-)?[A-Za-z0-9_-]{24,}")  # API keys
+SECRET_PATTERN = re.compile(r"\bsk-or-v1-[0-9a-fA-F]{16,}|\bsk-(?:ant-|proj-)?[A-Za-z0-9_-]{24,}")  # API keys
 UUID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def private_folder(path: Path) -> None:
+    """A folder and each missing parent, created 0700: transcript paths name the user's projects."""
+    for folder in reversed([p for p in (path, *path.parents) if not p.is_dir()]):
+        folder.mkdir(mode=0o700)
 
 
 class Transcript:
@@ -2105,7 +2112,7 @@ class Transcript:
     sent and each event that changed the conversation, written as they happen; no API key reaches it."""
 
     def __init__(self, path: Path, api_key: str):
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_folder(path.parent)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             import fcntl
@@ -2148,13 +2155,18 @@ def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tup
     if header["format"] > TRANSCRIPT_FORMAT:
         raise UsageError(f"{path} was written by a newer solo (format {header['format']}); update solo")
     messages: list[dict] = []
-    for entry in entries[1:]:
-        if "role" in entry:
-            messages.append(entry)
-        elif entry.get("type") == "truncate":
-            del messages[entry["keep"]:]
-        elif entry.get("type") == "set":
-            messages[entry["index"]] = entry["message"]
+    try:
+        for entry in entries[1:]:
+            if not isinstance(entry, dict):
+                raise TypeError(entry)
+            if "role" in entry:
+                messages.append(entry)
+            elif entry.get("type") == "truncate":
+                del messages[int(entry["keep"]):]
+            elif entry.get("type") == "set":
+                messages[int(entry["index"])] = dict(entry["message"])
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+        raise UsageError(f"{path} is corrupt (a line is not a message or event solo wrote); it was left as is") from None
     return messages, len(data) - len(lines[-1])
 
 
@@ -2204,37 +2216,46 @@ class Sessions:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.folder = cfg.solo_home / "projects" / re.sub(r"[^A-Za-z0-9]", "-", str(cfg.cwd)) if cfg.solo_home else None
+        slug = re.sub(r"[^A-Za-z0-9]", "-", str(cfg.cwd))
+        if len(slug) > 200:  # a file name has at most 255 bytes: keep the end, and a checksum of the whole
+            slug = f"{slug[-180:]}-{zlib.crc32(slug.encode()):08x}"
+        self.folder = cfg.solo_home / "projects" / slug if cfg.solo_home else None
 
-    def recent(self) -> list[Path]:
-        """The transcripts, most recent first."""
+    def recent(self, asked: bool = False) -> Iterator[Path]:
+        """The transcripts, most recent first; `asked`: only those with a prompt (not a session left at once)."""
         paths = list(self.folder.glob("*.jsonl")) if self.folder and self.folder.is_dir() else []
-        return sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True)
+        return (p for p in sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True) if not asked or self.prompts(p)[0])
 
     def find(self, wanted: str | None) -> Path:
-        """The transcript of an id or unique prefix (None: the most recent); UsageError otherwise."""
-        found = self.recent()
-        if wanted is not None:
-            found = [p for p in found if p.stem == wanted] or [p for p in found if p.stem.startswith(wanted)]
-        if len(found) > 1 and wanted is not None:
-            raise UsageError(f"{wanted!r} fits {len(found)} sessions here; give more of the id")
-        if not found:
-            raise UsageError(f"no session {wanted!r} in {self.cfg.cwd}" if wanted else f"no session to continue in {self.cfg.cwd}")
+        """The transcript of an id or unique prefix (None: the most recent with a prompt); UsageError otherwise."""
+        if wanted is None:
+            if found := next(self.recent(asked=True), None):
+                return found
+            raise UsageError(f"no session to continue in {self.cfg.cwd}")
+        found = [p for p in self.recent() if p.stem == wanted.lower()] or \
+            [p for p in self.recent() if p.stem.startswith(wanted.lower())]
+        if len(found) != 1:
+            raise UsageError(f"{wanted!r} fits {len(found)} sessions here; give more of the id" if found else
+                             f"no session {wanted!r} in {self.cfg.cwd}")
         return found[0]
 
-    def describe(self, path: Path) -> str:
-        """One line for a list of sessions: id, age, turns, first prompt."""
-        turns, first = 0, ""
+    def prompts(self, path: Path) -> tuple[int, str]:
+        """How many prompts a transcript holds, and its first."""
+        count, first = 0, ""
         with contextlib.suppress(OSError), open(path, "rb") as f:
             for line in f:
                 if line.startswith(b'{"role": "user"'):
-                    turns += 1
-                    if not first:
-                        with contextlib.suppress(ValueError, AttributeError):
-                            first = one_line(content_text(json.loads(line)), 60)
+                    count += 1
+                    with contextlib.suppress(ValueError, AttributeError):
+                        first = first or one_line(content_text(json.loads(line)), 60)
+        return count, first
+
+    def describe(self, path: Path) -> str:
+        """One line for a list of sessions: id, age, prompts, the first one."""
+        count, first = self.prompts(path)
         hours = (time.time() - path.stat().st_mtime) / 3600
         age = f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.0f} h" if hours < 48 else f"{hours / 24:.0f} days"
-        return f"{path.stem[:8]}  {age} ago, {turns} prompt{'s' * (turns != 1)}: {first}"
+        return f"{path.stem[:8]}  {age} ago, {count} prompt{'s' * (count != 1)}: {first}"
 
     def open(self, session_id: str, messages: list[dict], warn: Callable[[str], None], resume: Path | None = None,
              fork: bool = False) -> Conversation:
@@ -2243,17 +2264,28 @@ class Sessions:
         path = self.folder / f"{session_id}.jsonl" if self.folder else None
         if path and path.exists() and (path != resume or fork):
             raise UsageError(f"session {session_id} exists already; resume it with --resume {session_id}")
-        going_on = resume and path == resume and self.cfg.persist
-        transcript = Transcript(path, self.cfg.api_key) if path and self.cfg.persist else None
-        if resume and not going_on:
-            messages = read_transcript(resume.read_bytes(), resume, warn)[0]
-        conversation = Conversation(transcript.read(warn) if going_on else (), transcript)
-        if transcript and not going_on:
-            transcript.write({"type": "header", "format": TRANSCRIPT_FORMAT, "version": VERSION, "session_id": session_id,
-                              "cwd": str(self.cfg.cwd), "model": self.cfg.model,
-                              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
-        for message in ([] if going_on else messages) + unanswered(conversation if going_on else messages):
-            conversation.append(message)
+        going_on, transcript = resume and path == resume and self.cfg.persist, None
+        if path and self.cfg.persist:
+            try:
+                transcript = Transcript(path, self.cfg.api_key)
+            except OSError as error:
+                if going_on:
+                    raise UsageError(f"cannot go on with {path}: {error.strerror or error}") from None
+                warn(f"this session is not saved: {error.strerror or error} ({path})")
+        try:
+            if resume and not going_on:
+                messages = read_transcript(read_small(resume, 1 << 30).encode(), resume, warn)[0]
+            conversation = Conversation(transcript.read(warn) if going_on else (), transcript)
+            if transcript and not going_on:
+                transcript.write({"type": "header", "format": TRANSCRIPT_FORMAT, "version": VERSION,
+                                  "session_id": session_id, "cwd": str(self.cfg.cwd), "model": self.cfg.model,
+                                  "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
+            for message in ([] if going_on else messages) + unanswered(conversation if going_on else messages):
+                conversation.append(message)
+        except BaseException:
+            if transcript:
+                transcript.close()
+            raise
         return conversation
 
     def prune(self, days: float) -> None:
@@ -2262,10 +2294,14 @@ class Sessions:
         with contextlib.suppress(OSError):
             if not stamp or not stamp.parent.is_dir() or time.time() - stamp.stat().st_mtime < 86_400:
                 return
-        with contextlib.suppress(OSError):
-            for path in stamp.parent.glob("*/*.jsonl"):
+        import fcntl
+        for path in stamp.parent.glob("*/*.jsonl"):
+            with contextlib.suppress(OSError):
                 if path.stat().st_mtime < time.time() - days * 86_400:
-                    path.unlink()
+                    with open(path, "rb") as f:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError: open in a solo still running
+                        path.unlink()
+        with contextlib.suppress(OSError):
             stamp.touch()
 
 
@@ -3035,7 +3071,7 @@ def exit_status(error: BaseException, debug: bool = False) -> tuple[int, str]:
 
 def pick_session(sessions: Sessions, say: Callable[[str], None], ask: Callable[[str], str]) -> Path:
     """A session the user picks from a numbered list of this directory's recent ones."""
-    recent = sessions.recent()[:10]
+    recent = list(itertools.islice(sessions.recent(asked=True), 10))
     if not recent:
         raise UsageError(f"no session to resume in {sessions.cfg.cwd}")
     for number, path in enumerate(recent, start=1):
@@ -3060,12 +3096,15 @@ def choose_session(args: argparse.Namespace, cfg: Config, stdin: Any, say: Calla
         target = pick_session(sessions, say, lambda prompt: (say(prompt), stdin.readline())[1])
     else:
         target = args.resume and sessions.find(args.resume)
-    if args.session_id and not UUID_PATTERN.fullmatch(args.session_id):
+    if args.fork_session and not target:
+        raise UsageError("--fork-session goes with --continue or --resume")
+    if args.session_id and not UUID_PATTERN.fullmatch(args.session_id.lower()):
         raise UsageError(f"--session-id must be a UUID, like {new_uuid()}")
     if args.session_id and target and not args.fork_session:
         raise UsageError("--session-id names a new session: with --continue or --resume, add --fork-session")
     going_on = target and not args.fork_session
-    return cfg._replace(session_id=target.stem if going_on else args.session_id or cfg.session_id), target or None
+    session_id = target.stem if going_on else (args.session_id or cfg.session_id).lower()
+    return cfg._replace(session_id=session_id), target or None
 
 
 def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams, started: float,
@@ -3219,14 +3258,21 @@ class Session:
                 self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/sessions":
             sessions = Sessions(self.agent.cfg)
-            for path in sessions.recent()[:10]:
+            for path in itertools.islice(sessions.recent(), 10):
                 self.reporter.say(("* " if path.stem == self.agent.cfg.session_id else "  ") + sessions.describe(path))
         elif word == "/resume":
             path = pick_session(Sessions(self.agent.cfg), self.reporter.say, lambda q: self.read_line(q, history=False))
+            current = self.agent.cfg.session_id
+            if path.stem == current:
+                raise UsageError("that is this session")
+            self.agent.use_session(path.stem)
+            try:
+                self.messages = self.agent.conversation(path)
+            except BaseException:  # the current session goes on as it was
+                self.agent.use_session(current)
+                raise
             if messages.transcript:
                 messages.transcript.close()
-            self.agent.use_session(path.stem)
-            self.messages = self.agent.conversation(path)
             self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
         else:
             return False
@@ -3267,8 +3313,8 @@ class Session:
             try:
                 if not line or self.command(line):
                     continue
-            except AgentError as error:
-                self.reporter.say(str(error))
+            except (AgentError, KeyboardInterrupt, EOFError) as error:  # a command's question left: nothing changes
+                self.reporter.say(str(error) if isinstance(error, AgentError) else "cancelled")
                 continue
             messages = self.messages
             mark, interrupted = len(messages), 0.0
