@@ -4,7 +4,8 @@ Run from the repository root (after tests/setup.sh):  .venv/bin/python tests/ben
 
 Prints a table of medians over several runs: start-up to first request, time per turn over a 200-turn
 session (whole replies and streamed), the delay from a streamed chunk to its line on stdout, peak RSS idle / reading a 1 GB file / running a command that prints 1 GB, the largest request
-body, and for prompt caching the share of each request that repeats the previous one byte for byte.
+body, for prompt caching the share of each request that repeats the previous one byte for byte, and what the
+sandbox's set-up (Landlock in each command's process) adds to a trivial command.
 Not collected by pytest: it takes minutes and its figures depend on the machine.
 """
 
@@ -199,11 +200,38 @@ def long_session(workspace: Path, turns: int = 400, window: int = 20_000) -> dic
     return results
 
 
+def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[float, float] | None:
+    """Median seconds of a trivial Bash call through tool_bash, unconfined and confined by a Landlock ruleset
+    (the fork, no_new_privs and landlock_restrict_self of the sandbox's preexec_fn), interleaved; None when this
+    kernel has no Landlock."""
+    from app import main as agent
+    plain = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)))
+    roots = (workspace.resolve(), Path(tempfile.gettempdir()).resolve())
+    try:
+        ruleset, _ = agent.landlock(roots, False)
+    except agent.UsageError:
+        return None
+    confined = plain._replace(sandbox=agent.Sandbox("workspace-write", roots, ruleset, False))
+    times: dict[str, list[float]] = {"plain": [], "confined": []}
+    try:
+        for i in range(2 * runs + 20):  # the first 20 only warm up
+            name, ctx = ("plain", plain) if i % 2 else ("confined", confined)
+            started = time.perf_counter()
+            result = agent.tool_bash(ctx, "true")
+            if i >= 20:
+                times[name].append(time.perf_counter() - started)
+            assert result == "(no output)\n[exit code 0]", result
+    finally:
+        os.close(ruleset)
+    return statistics.median(times["plain"]), statistics.median(times["confined"])
+
+
 def main() -> None:
     """Run every benchmark and print the table."""
     subprocess.run([str(PROGRAM), "--version"], check=True, stdout=subprocess.DEVNULL)  # set-up outside timings
     with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
         workspace = Path(tmp)
+        sandbox = sandbox_cost(workspace)
         start_agent, start_floor = startup(workspace)
         turns, largest = per_turn(workspace)
         delay = chunk_to_stdout(workspace)
@@ -224,6 +252,9 @@ def main() -> None:
         ("largest request body", f"{max([largest] + [b for _, b in peaks.values()]) / 1000:.0f} kB", "", ""),
         ("30-turn session: prefix repeated", f"{share * 100:.1f}%", "", "target >= 95%"),
         ("30-turn session: bytes sent", f"{sent / 1000:.0f} kB", "", ""),
+        ("Bash `true` via tool_bash, sandboxed", *((f"{sandbox[1] * 1000:.2f} ms", f"{sandbox[0] * 1000:.2f} ms",
+          f"+{(sandbox[1] - sandbox[0]) * 1000:.2f} ms set-up (target <= 2 ms)") if sandbox else
+          ("n/a", "", "this kernel has no Landlock"))),
     ]
     print(f"{'measure':36} {'solo':>12} {'floor':>14}  verdict")
     for name, value, floor, verdict in rows:
