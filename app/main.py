@@ -344,17 +344,22 @@ SANDBOX_MODES = ("off", "read-only", "workspace-write")
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
 WRITE_RIGHTS = [(1 << bit, 1) for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)] + [(1 << 13, 2), (1 << 14, 3), (1 << 15, 5)]
 FILE_RIGHTS = (1 << 1) | (1 << 14) | (1 << 15)  # write, truncate, ioctl: what a rule on a single file may grant
-DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system")
+DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system|Invalid cross-device link")
 
 
 class Sandbox(NamedTuple):
-    """Where commands and file tools may write (Linux Landlock: commands are confined before they start, every
-    child they run too), and whether commands may open TCP connections."""
+    """Where commands and file tools may write, and whether commands may open TCP connections. Commands are
+    started by one thread that confined itself (Landlock and no-new-privileges hold per thread and pass to
+    every child), so each starts confined, and as fast as an unconfined one."""
 
     mode: str
     roots: tuple[Path, ...]  # folders writes may go beneath
-    ruleset: int  # the Landlock ruleset's fd, applied in each command's process
     network: bool  # TCP connect and bind allowed
+    spawner: Any  # a one-thread executor whose thread is confined
+
+    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
+        """Start a process from the confined thread."""
+        return self.spawner.submit(subprocess.Popen, *args, **kwargs).result()
 
     def check(self, path: Path, file_path: str) -> None:
         """ToolError for a write that resolves (symlinks and '..' followed) outside the writable folders."""
@@ -363,20 +368,22 @@ class Sandbox(NamedTuple):
             raise ToolError(f"{file_path} is outside the folders this sandbox lets you write "
                             f"({', '.join(map(str, self.roots))})")
 
-    def confine(self) -> None:
-        """In a new command's process, before it runs: no new privileges, then the ruleset."""
-        import ctypes  # loaded already by landlock(): nothing to import in the child
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(38, 1, 0, 0, 0) or libc.syscall(446, self.ruleset, 0):  # PR_SET_NO_NEW_PRIVS, restrict_self
-            raise OSError(ctypes.get_errno(), "the sandbox could not be applied")
-
     def note(self, output: str, code: int) -> str:
-        """One line for a command the sandbox may have stopped; nothing for other failures."""
-        if code == 0 or not DENIED.search(output):
+        """One line for a command the sandbox may have stopped; nothing for other failures (126: a program
+        that may not run, which Landlock never causes here)."""
+        if code in (0, 126) or not DENIED.search(output):
             return ""
         where = ", ".join(map(str, self.roots))
         return f"\n[the sandbox ({self.mode}) denied part of this: commands may write only under {where}" + \
-               ("" if self.network else " and may not open network connections") + "]"
+               ("" if self.network else " and may not open TCP connections") + "]"
+
+
+def confine(ruleset: int) -> None:
+    """Put the calling thread in a Landlock ruleset, after giving up new privileges (setuid programs)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) or libc.syscall(446, ruleset, 0):  # PR_SET_NO_NEW_PRIVS, restrict_self
+        raise OSError(ctypes.get_errno(), "the sandbox could not be applied")
 
 
 def landlock(roots: tuple[Path, ...], network: bool) -> tuple[int, str]:
@@ -392,7 +399,8 @@ def landlock(roots: tuple[Path, ...], network: bool) -> tuple[int, str]:
                          "enforced here; run with --sandbox off to go on without one")
     handled = sum(right for right, since in WRITE_RIGHTS if abi >= since)
     net = 0 if network or abi < 4 else 0b11  # BIND_TCP, CONNECT_TCP
-    attr = struct.pack("<QQQ", handled, net, 0)[: 8 if abi < 4 else 16 if abi < 6 else 24]
+    scoped = 0b11  # abstract unix sockets and signals: no reaching processes outside the sandbox (ABI 6)
+    attr = struct.pack("<QQQ", handled, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
     ruleset = libc.syscall(444, attr, len(attr), 0)
     if ruleset < 0:
         raise UsageError(f"the Landlock ruleset could not be made: {os.strerror(ctypes.get_errno())}")
@@ -408,6 +416,21 @@ def landlock(roots: tuple[Path, ...], network: bool) -> tuple[int, str]:
             os.close(fd)
     warning = "" if network or abi >= 4 else f"this kernel's Landlock (ABI {abi}) cannot block network connections"
     return ruleset, warning
+
+
+def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool) -> tuple[Sandbox, str]:
+    """A sandbox over these folders (its Landlock ruleset applied to the thread that starts the commands), and a
+    warning for what this kernel cannot enforce; UsageError when it cannot be had at all."""
+    import concurrent.futures
+    ruleset, warning = landlock(roots, network)
+    spawner = concurrent.futures.ThreadPoolExecutor(1, "confined", confine, (ruleset,))
+    try:
+        spawner.submit(int).result()  # the thread has confined itself, or it broke trying
+    except (RuntimeError, OSError) as error:
+        raise UsageError(f"the sandbox could not be applied: {error}") from None
+    finally:
+        os.close(ruleset)
+    return Sandbox(mode, roots, network, spawner), warning
 
 
 # --- Tools ----------------------------------------------------------------------------------------
@@ -774,9 +797,9 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
     try:
         try:
             with signals_held():  # a stop signal is taken once the command is known, so it is always killed
-                proc = subprocess.Popen(["bash", "-c", command], cwd=ctx.cwd, env=ctx.env, stdin=subprocess.DEVNULL,
-                                        stdout=write_fd, stderr=write_fd, start_new_session=True,
-                                        preexec_fn=ctx.sandbox.confine if ctx.sandbox else None)
+                proc = (ctx.sandbox.popen if ctx.sandbox else subprocess.Popen)(
+                    ["bash", "-c", command], cwd=ctx.cwd, env=ctx.env, stdin=subprocess.DEVNULL, stdout=write_fd,
+                    stderr=write_fd, start_new_session=True)
         finally:
             os.close(write_fd)
         deadline = time.monotonic() + timeout / 1000
@@ -1360,7 +1383,7 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
     try:
         kwargs = check_arguments(tool, args)
         if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, kwargs)):  # shown as they will run
-            return f"{DENIED_PREFIX}{why}"
+            return Denied(f"{DENIED_PREFIX}{why}")
         result = str(tool.run(ctx, **kwargs))
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
@@ -1370,6 +1393,10 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
 PLAN_NOTE = ("[Plan mode: investigate with the read-only tools and answer with a plan for the change; make no "
              "changes yet.]")
 DENIED_PREFIX = "Error: permission denied: "  # a call the permission mode or the user did not allow
+
+
+class Denied(str):
+    """The result of a call that was not allowed to run (not merely text that says so)."""
 SEARCHES = ("Grep", "Glob")  # CPU-bound Python: run at once, they need processes, not threads
 BATCH = 10  # read-only calls run at once at most
 
@@ -1476,8 +1503,9 @@ class McpServer:
     """One MCP server, over stdio (a child in its own process group) or streamable HTTP: the handshake, its
     tools, calls with a time limit, and the requests it sends back (ping, roots/list)."""
 
-    def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None]):
-        self.name, self.spec, self.cwd, self.env, self.emit = name, spec, cwd, env, emit
+    def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
+                 sandbox: Sandbox | None = None):
+        self.name, self.spec, self.cwd, self.env, self.emit, self.sandbox = name, spec, cwd, env, emit, sandbox
         self.state, self.tools, self.proc, self.closed = "starting", [], None, False
         self.lock, self.writing, self.pending, self.ids = threading.Lock(), threading.Lock(), {}, itertools.count(1)
         self.timeout = 10.0
@@ -1512,8 +1540,9 @@ class McpServer:
         with self.lock:  # stop() waits for a start under way, so a server is never left behind
             if self.closed:
                 raise McpError("stopped")
-            self.proc = subprocess.Popen(command, cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+            self.proc = (self.sandbox.popen if self.sandbox else subprocess.Popen)(
+                command, cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True)
         threading.Thread(target=self.read, daemon=True).start()
         threading.Thread(target=self.log, daemon=True).start()
 
@@ -1642,9 +1671,9 @@ def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> 
                 lambda ctx, **args: server.call(tool["name"], args, timeout), asks=not read_only, read_only=read_only)
 
 
-def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None]) -> list[McpServer]:
+def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None], sandbox: Sandbox | None) -> list[McpServer]:
     """Every configured server, started at once; a server that fails gives one warning and is left out."""
-    servers = [McpServer(name, spec, cfg.cwd, env, emit) for name, spec in cfg.mcp]
+    servers = [McpServer(name, spec, cfg.cwd, env, emit, sandbox) for name, spec in cfg.mcp]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
     try:
         for thread in threads:
@@ -2510,7 +2539,7 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
                 emit({"type": "tool_result", "id": call["id"], "name": call["function"]["name"], "content": content,
                       "arguments": call["function"]["arguments"], "is_error": content.startswith("Error:"),
-                      "seconds": time.monotonic() - started})
+                      "denied": isinstance(content, Denied), "seconds": time.monotonic() - started})
 
 
 def content_text(message: dict) -> str:
@@ -2596,34 +2625,38 @@ class Agent:
         self.compactor = Compactor(cfg, self.model, self.model.model_info, emit)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
-        self.scratch: Path | None = None  # a read-only sandbox's private temp folder
-        sandbox = self.confine(env)
+        self.scratch, self.servers = None, []  # a read-only sandbox's private temp folder; the MCP servers
+        sandbox = self.confine()
         tool_env = {**command_env(env, cfg.pass_env), **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox)
-        self.servers = start_mcp(cfg, command_env(env, cfg.pass_env), emit)
+        self.servers = start_mcp(cfg, tool_env, emit, sandbox)  # confined like commands: a project's .mcp.json too
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
                 tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout)
                 if permitted(cfg, tool.name, server.name):
                     self.tools[tool.name] = tool
 
-    def confine(self, env: dict[str, str]) -> Sandbox | None:
+    def confine(self) -> Sandbox | None:
         """The sandbox of the run's mode: read-only writes only in a private temp folder (commands' TMPDIR)."""
         if self.cfg.sandbox == "off":
             return None
-        roots = (self.cfg.cwd, Path(env.get("TMPDIR") or "/tmp"), *self.cfg.add_dirs)
+        import tempfile
+        roots = (self.cfg.cwd, Path(tempfile.gettempdir()), Path("/dev/shm"), *self.cfg.add_dirs)
         if self.cfg.sandbox == "read-only":
-            import tempfile
             self.scratch = Path(tempfile.mkdtemp(prefix="solo-sandbox-"))
             roots = (self.scratch,)
-        roots = tuple(Path(os.path.realpath(root)) for root in roots)
-        ruleset, warning = landlock(roots, self.cfg.sandbox_network)
+        try:
+            roots = tuple(Path(os.path.realpath(root)) for root in roots if os.path.isdir(root))
+            sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network)
+        except BaseException:
+            self.close()
+            raise
         if warning:
             self.notice(warning)
         if self.cfg.verbose:
             self.notice(f"sandbox {self.cfg.sandbox}: writes only under {', '.join(map(str, roots))}; network "
                         f"{'on' if self.cfg.sandbox_network else 'off'}")
-        return Sandbox(self.cfg.sandbox, roots, ruleset, self.cfg.sandbox_network)
+        return sandbox
 
     def close(self) -> None:
         """End the MCP servers; remove a read-only sandbox's temp folder."""
@@ -2802,8 +2835,11 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     if sandbox not in SANDBOX_MODES:
         raise UsageError(f"SOLO_SANDBOX must be one of {', '.join(SANDBOX_MODES)}, not {sandbox!r}")
     for folder in args.add_dir:
-        if not os.path.isdir(folder):
-            raise UsageError(f"--add-dir {folder}: no such folder")
+        if not os.path.isdir(folder) or sandbox != "workspace-write":
+            raise UsageError(f"--add-dir {folder}: " + ("it goes with --sandbox workspace-write" if os.path.isdir(folder)
+                                                         else "no such folder"))
+    if args.yes and args.permission_mode not in (None, "bypassPermissions"):
+        raise UsageError(f"--yes means --permission-mode bypassPermissions, not {args.permission_mode}")
     base_url = env.get("OPENROUTER_BASE_URL", "").strip() or DEFAULT_BASE_URL
     try:
         import urllib.parse
@@ -2970,7 +3006,7 @@ class Reporter:
             self.streamed = False
             self.say(f"retrying in {event['retry_delay_ms'] / 1000:.1f} s (attempt {event['attempt']}/"
                      f"{event['max_retries']}): {event['error']}{cut}")
-        if kind == "tool_result" and event["content"].startswith(DENIED_PREFIX):
+        if kind == "tool_result" and event["denied"]:
             with contextlib.suppress(ValueError):
                 self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"],
                                      "tool_input": parse_arguments(event["arguments"])})

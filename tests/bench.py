@@ -201,17 +201,16 @@ def long_session(workspace: Path, turns: int = 400, window: int = 20_000) -> dic
 
 
 def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[float, float] | None:
-    """Median seconds of a trivial Bash call through tool_bash, unconfined and confined by a Landlock ruleset
-    (the fork, no_new_privs and landlock_restrict_self of the sandbox's preexec_fn), interleaved; None when this
-    kernel has no Landlock."""
+    """Median seconds of a trivial Bash call through tool_bash, unconfined and confined (started by the sandbox's
+    confined thread), interleaved; None when this kernel has no Landlock."""
     from app import main as agent
     plain = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)))
     roots = (workspace.resolve(), Path(tempfile.gettempdir()).resolve())
     try:
-        ruleset, _ = agent.landlock(roots, False)
+        sandbox, _ = agent.make_sandbox("workspace-write", roots, False)
     except agent.UsageError:
         return None
-    confined = plain._replace(sandbox=agent.Sandbox("workspace-write", roots, ruleset, False))
+    confined = plain._replace(sandbox=sandbox)
     times: dict[str, list[float]] = {"plain": [], "confined": []}
     try:
         for i in range(2 * runs + 20):  # the first 20 only warm up
@@ -222,7 +221,7 @@ def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[fl
                 times[name].append(time.perf_counter() - started)
             assert result == "(no output)\n[exit code 0]", result
     finally:
-        os.close(ruleset)
+        sandbox.spawner.shutdown()
     return statistics.median(times["plain"]), statistics.median(times["confined"])
 
 

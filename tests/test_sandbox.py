@@ -88,7 +88,7 @@ def snapshot(folder: Path, skip: Path | None = None) -> dict[str, str]:
 def note(mode: str, roots: list, network: bool = False) -> str:
     """The line the sandbox adds to a command it may have stopped."""
     return (f"[the sandbox ({mode}) denied part of this: commands may write only under "
-            f"{', '.join(map(str, roots))}" + ("" if network else " and may not open network connections") + "]")
+            f"{', '.join(map(str, roots))}" + ("" if network else " and may not open TCP connections") + "]")
 
 
 def outside_error(file_path: str, roots: list) -> str:
@@ -158,10 +158,10 @@ def listener():
 def confined(workspace: Path, private_tmp: Path):
     """In process: a tool context confined to the workspace and the private TMPDIR by a real Landlock ruleset."""
     roots = (Path(real(workspace)), Path(real(private_tmp)))
-    ruleset, _ = agent.landlock(roots, False)
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, False)
     env = {**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp)}
-    yield agent.ToolContext(cwd=workspace, env=env, sandbox=agent.Sandbox("workspace-write", roots, ruleset, False))
-    os.close(ruleset)
+    yield agent.ToolContext(cwd=workspace, env=env, sandbox=sandbox)
+    sandbox.spawner.shutdown()
 
 
 # --- 1. The issue's scenario: a model obeys a poisoned README ---------------------------------------
@@ -208,7 +208,7 @@ def poisoned_run(serve, run, workspace, outside, home, listener, private_tmp, fl
 def test_a_poisoned_readme_cannot_reach_outside_the_workspace(serve, run, workspace, outside, home, listener,
                                                               private_tmp, flags, env):
     results, before, connections = poisoned_run(serve, run, workspace, outside, home, listener, private_tmp, flags, env)
-    line = note("workspace-write", [real(workspace), real(private_tmp)])
+    line = note("workspace-write", [real(workspace), real(private_tmp), "/dev/shm"])
     for step in ("step0", "step1", "step2"):  # delete outside, write into $HOME, connect: each fails, each says why
         assert "Permission denied" in results[step] and results[step].endswith(f"\n[exit code 1]\n{line}"), results[step]
     assert (snapshot(outside), snapshot(home)) == before
@@ -263,7 +263,7 @@ def test_add_dir_extends_workspace_write(serve, run, workspace, outside, tmp_pat
     result = run(["-p", "go", "--sandbox", "workspace-write", "--add-dir", "../extra"], cwd=workspace,
                  base_url=server.url, env={"TMPDIR": str(private_tmp)})
     assert result.code == 0, result.stderr
-    results, roots = tool_results(server.bodies[-1]), [real(workspace), real(private_tmp), real(extra)]
+    results, roots = tool_results(server.bodies[-1]), [real(workspace), real(private_tmp), "/dev/shm", real(extra)]
     assert results["bash"] == "(no output)\n[exit code 0]" and (extra / "by-bash").exists()
     assert results["denied"].endswith(note("workspace-write", roots))
     assert results["write"].startswith("Created ../extra/by-write") and (extra / "by-write").read_text() == "w"
@@ -288,7 +288,7 @@ def test_sandbox_network_lets_tcp_through_and_writes_stay_confined(serve, run, w
     assert listener.close() == connections
     assert (results["connect"] == "connected\n[exit code 0]") == bool(connections), results["connect"]
     assert "Permission denied" in results["write"] and not (outside / "nope").exists()
-    assert results["write"].endswith(note("workspace-write", [real(workspace), real(private_tmp)], bool(connections)))
+    assert results["write"].endswith(note("workspace-write", [real(workspace), real(private_tmp), "/dev/shm"], bool(connections)))
 
 
 # --- 4. Write and Edit check the resolved path ------------------------------------------------------
@@ -348,7 +348,7 @@ def test_write_and_edit_refuse_what_resolves_outside_and_touch_nothing(tmp_path,
     build_world(tmp_path, workspace, outside)
     monkeypatch.chdir(workspace)  # /proc/self/cwd is the agent's working directory, as in a run
     roots = (Path(real(workspace)), Path(real(private_tmp)))
-    ctx = agent.ToolContext(cwd=workspace, env={}, sandbox=agent.Sandbox("workspace-write", roots, -1, False))
+    ctx = agent.ToolContext(cwd=workspace, env={}, sandbox=agent.Sandbox("workspace-write", roots, False, None))
     file_path = template.format(outside=outside, tmp=tmp_path, workspace=workspace)
     before = snapshot(tmp_path, skip=workspace), snapshot(Path(os.environ["HOME"]))
     result = agent.run_tool_call(tool_call(tool, file_path), {t.name: t for t in agent.TOOLS}, ctx)
@@ -361,7 +361,7 @@ def test_write_and_edit_work_inside(tmp_path, workspace, outside, private_tmp, m
     build_world(tmp_path, workspace, outside)
     monkeypatch.chdir(workspace)
     roots = (Path(real(workspace)), Path(real(private_tmp)))
-    ctx = agent.ToolContext(cwd=workspace, env={}, sandbox=agent.Sandbox("workspace-write", roots, -1, False))
+    ctx = agent.ToolContext(cwd=workspace, env={}, sandbox=agent.Sandbox("workspace-write", roots, False, None))
     file_path = template.format(workspace=workspace)
     before = snapshot(tmp_path, skip=workspace)
     result = agent.run_tool_call(tool_call(tool, file_path), {t.name: t for t in agent.TOOLS}, ctx)
@@ -381,7 +381,7 @@ def test_the_program_checks_write_and_edit_paths(serve, run, tmp_path, workspace
     result = run(["-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"], cwd=workspace,
                  base_url=server.url, env={"TMPDIR": str(private_tmp)})
     assert result.code == 0, result.stderr
-    results, roots = tool_results(server.bodies[-1]), [real(workspace), real(private_tmp)]
+    results, roots = tool_results(server.bodies[-1]), [real(workspace), real(private_tmp), "/dev/shm"]
     for i, (tool, path) in enumerate(cases[:5]):
         assert results[f"c{i}"] == outside_error(path, roots)
     assert results["c5"] == "Edited /proc/self/cwd/sub/inside.txt: replaced 1 occurrence"
@@ -409,7 +409,7 @@ def test_sandbox_check(tmp_path, path, allowed):
     (tmp_path / "ws" / "link-out").symlink_to(tmp_path / "out")
     (tmp_path / "ws" / "link-in").symlink_to(tmp_path / "ws" / "a", target_is_directory=True)
     (tmp_path / "out" / "link-back").symlink_to(tmp_path / "ws")
-    sandbox = agent.Sandbox("workspace-write", (Path(real(tmp_path / "ws")), Path(real(tmp_path / "tmp"))), -1, False)
+    sandbox = agent.Sandbox("workspace-write", (Path(real(tmp_path / "ws")), Path(real(tmp_path / "tmp"))), False, None)
     target = tmp_path / path
     if allowed:
         assert sandbox.check(target, path) is None
@@ -444,6 +444,15 @@ def test_the_note_is_only_for_what_the_sandbox_stopped(confined, outside, comman
 # --- 6. Usage errors ------------------------------------------------------------------------------------
 
 
+def test_a_missing_tmpdir_falls_back_to_the_system_temp_folder(serve, run, workspace):
+    server = serve(script([bash("touch /tmp/solo-sandbox-fallback-probe && echo ok", "probe")]))
+    result = run(["-p", "q", "--sandbox", "workspace-write", "-v"], cwd=workspace, base_url=server.url,
+                 env={"TMPDIR": "/no/such/tmp"})
+    assert result.code == 0 and tool_results(server.bodies[-1])["probe"] == "ok\n[exit code 0]", result.stderr
+    assert ", /tmp, /dev/shm; network off" in result.stderr  # as Python's tempfile does
+    os.unlink("/tmp/solo-sandbox-fallback-probe")
+
+
 @pytest.mark.parametrize("flags, env, message", [
     (["--sandbox", "bogus"], {}, "argument --sandbox: invalid choice: 'bogus'"),
     ([], {"SOLO_SANDBOX": "bogus"}, "SOLO_SANDBOX must be one of off, read-only, workspace-write, not 'bogus'"),
@@ -451,7 +460,8 @@ def test_the_note_is_only_for_what_the_sandbox_stopped(confined, outside, comman
     (["--permission-mode", "yolo"], {}, "argument --permission-mode: invalid choice: 'yolo'"),
     (["--sandbox", "workspace-write", "--add-dir", "no/such/folder"], {}, "--add-dir no/such/folder: no such folder"),
     (["--add-dir", "README.md"], {}, "--add-dir README.md: no such folder"),  # a file is not a folder
-    (["--sandbox", "workspace-write"], {"TMPDIR": "/no/such/tmp"}, "TMPDIR"),  # the temp folder it would allow
+    (["--add-dir", "."], {}, "--add-dir .: it goes with --sandbox workspace-write"),
+    (["--yes", "--permission-mode", "plan"], {}, "--yes means --permission-mode bypassPermissions, not plan"),
 ])
 def test_usage_errors(serve, run, workspace, flags, env, message):
     (workspace / "README.md").write_text("x")
@@ -772,9 +782,9 @@ def test_stream_json_init_names_the_modes(serve, run, workspace, flags, env, mod
 
 
 @pytest.mark.parametrize("flags, expected", [
-    (["--sandbox", "workspace-write"], "sandbox workspace-write: writes only under {ws}, {tmp}; network off"),
+    (["--sandbox", "workspace-write"], "sandbox workspace-write: writes only under {ws}, {tmp}, /dev/shm; network off"),
     (["--sandbox", "workspace-write", "--add-dir", "../extra", "--sandbox-network", "on"],
-     "sandbox workspace-write: writes only under {ws}, {tmp}, {extra}; network on"),
+     "sandbox workspace-write: writes only under {ws}, {tmp}, /dev/shm, {extra}; network on"),
     (["--sandbox", "read-only"], "sandbox read-only: writes only under {tmp}/solo-sandbox-"),
 ])
 def test_verbose_names_the_sandbox_and_its_folders(serve, run, workspace, tmp_path, private_tmp, flags, expected):
