@@ -1180,43 +1180,50 @@ def tool_skill(ctx: ToolContext, name: str, arguments: str = "") -> str:
 
 INSTRUCTIONS_LIMIT = 40_000  # bytes of CLAUDE.md / AGENTS.md text in the system prompt
 IMPORT_DEPTH = 5
-IMPORT_PATTERN = re.compile(r"(?<![\w@`])@((?:~/|/|\.{1,2}/)?[\w.-]+(?:/[\w.-]+)*)")
+TEXT_SUFFIXES = (".md", ".markdown", ".txt")  # what an import may take from outside the project
+IMPORT_PATTERN = re.compile(r"(`+).+?\1|(?<![\w@`])@((?:~/|/|\.{1,2}/)?[\w.-]+(?:/[\w.-]+)*)")  # code span | @path
 
 
-def instruction_files(cwd: Path, home: Path | None) -> list[Path]:
+def instruction_files(cwd: Path, home: Path | None) -> list[tuple[Path, Path]]:
     """~/.claude/CLAUDE.md, then from the repository root down to cwd each folder's CLAUDE.md and
-    .claude/CLAUDE.md, or its AGENTS.md when it has no CLAUDE.md; each file once, however it is reached."""
+    .claude/CLAUDE.md, or its AGENTS.md when it has no CLAUDE.md; each file once, however it is reached; each with
+    the folder its imports must stay in (home for the user's own file, the repository for the project's)."""
     root = next((p for p in (cwd, *cwd.parents) if (p / ".git").exists()), cwd)
-    folders = [root, *(root.joinpath(*cwd.relative_to(root).parts[:n + 1]) for n in range(len(cwd.relative_to(root).parts)))]
-    found = [home / ".claude" / "CLAUDE.md"] if home else []
-    for folder in folders:
+    depth = len(cwd.relative_to(root).parts)
+    found = [(home / ".claude" / "CLAUDE.md", home)] if home else []
+    for folder in [root, *(root.joinpath(*cwd.relative_to(root).parts[:n + 1]) for n in range(depth))]:
         claude = [p for p in (folder / "CLAUDE.md", folder / ".claude" / "CLAUDE.md") if p.is_file()]
-        found += claude or [folder / "AGENTS.md"]
-    unique: dict[Path, Path] = {}
-    for path in found:
+        found += [(path, root) for path in claude or [folder / "AGENTS.md"]]
+    unique: dict[Path, tuple[Path, Path]] = {}
+    for path, within in found:
         if path.is_file():
-            unique.setdefault(path.resolve(), path)
+            unique.setdefault(path.resolve(), (path, within))
     return list(unique.values())
 
 
-def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path, ...]) -> str:
+def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path, ...], within: Path) -> str:
     """Instructions with each @path (relative to their file, ~/ or absolute) replaced by that file's text, up to
-    5 levels deep; not inside code spans or fenced blocks; a missing file or a cycle leaves a note."""
+    5 levels deep; not inside code spans or fenced blocks. Outside `within` only Markdown and text files are
+    taken, so a cloned project cannot pull ~/.ssh/id_rsa into the prompt. A file not taken leaves a note."""
     def imported(match: re.Match) -> str:
-        name = match.group(1)
-        path = (home / name[2:] if name.startswith("~/") and home else folder / name).resolve()
-        if path in seen or len(seen) > IMPORT_DEPTH:
-            return f"[@{name}: not imported, {'it imports itself' if path in seen else 'imports nest too deep'}]"
+        if match.group(1):  # a code span: kept as it is
+            return match.group(0)
+        name = match.group(2)
+        path = Path(os.path.realpath(home / name[2:] if name.startswith("~/") and home else folder / name))
+        elsewhere = not path.is_relative_to(os.path.realpath(within)) and path.suffix.lower() not in TEXT_SUFFIXES
+        if path in seen or len(seen) > IMPORT_DEPTH or elsewhere:
+            why = "it imports itself" if path in seen else "imports nest too deep" if len(seen) > IMPORT_DEPTH \
+                else f"only Markdown or text files are taken from outside {within}"
+            return f"[@{name}: not imported, {why}]"
         try:
-            return expand_imports(read_small(path), path.parent, home, (*seen, path))
+            return expand_imports(read_small(path), path.parent, home, (*seen, path), within)
         except OSError:
             return f"[@{name}: not found]"
     out, fenced = [], False
     for line in text.splitlines(keepends=True):
-        if line.lstrip().startswith(("```", "~~~")):
-            fenced = not fenced
-        parts = re.split(r"(`[^`\n]*`)", line) if not fenced and "@" in line else [line]
-        out.append("".join(part if part.startswith("`") else IMPORT_PATTERN.sub(imported, part) for part in parts))
+        fence = line.lstrip().startswith(("```", "~~~"))
+        fenced ^= fence
+        out.append(line if fenced or fence or "@" not in line else IMPORT_PATTERN.sub(imported, line))
     return "".join(out)
 
 
@@ -1225,11 +1232,11 @@ def project_instructions(cfg: Config, notice: Callable[[str], None]) -> str:
     if not cfg.instructions:
         return ""
     parts, loaded, cut, room = [], [], [], INSTRUCTIONS_LIMIT
-    for path in instruction_files(cfg.cwd, cfg.home):
+    for path, within in instruction_files(cfg.cwd, cfg.home):
         with contextlib.suppress(OSError):
-            text = expand_imports(read_small(path), path.parent, cfg.home,
-                                  (path.resolve(),)).strip()
+            text = expand_imports(read_small(path), path.parent, cfg.home, (path.resolve(),), within).strip()
             part = f'<instructions file="{path}">\n{text}\n</instructions>'
+            room -= 2 * bool(parts)  # the blank line between files counts too
             if len(part.encode()) > room:
                 cut.append(str(path))
                 part = part.encode()[:max(0, room)].decode(errors="ignore") if room > 200 else ""
@@ -1836,10 +1843,16 @@ def read_json(path: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def private_folder(path: Path) -> None:
+    """A folder and each missing parent, created 0700: transcript paths name the user's projects."""
+    for folder in reversed([p for p in (path, *path.parents) if not p.is_dir()]):
+        folder.mkdir(mode=0o700)
+
+
 def write_private(path: Path, text: str) -> None:
     """Replace a file of ours (mode 0600, folders 0700) all at once; a failure only loses a cache."""
     with contextlib.suppress(OSError):
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_folder(path.parent)
         tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}")
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
             f.write(text)
@@ -2030,7 +2043,7 @@ class ModelClient:
     """Posts requests to OpenRouter over one session, retrying what is transient; streams when asked."""
 
     def __init__(self, cfg: Config, *, emit: Callable[[dict], None], sleep: Callable[[float], None] = time.sleep):
-        self.cfg, self.emit, self.sleep, self.info = cfg, emit, sleep, None
+        self.cfg, self.emit, self.sleep, self.info = cfg, emit, sleep, {}  # info: model-list entries by model
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
         self.session = requests.Session()
         self.session.auth = self.authorize  # set, so requests never swaps in ~/.netrc's credentials
@@ -2080,28 +2093,28 @@ class ModelClient:
             self.emit({"type": "reply", "status": status, "seconds": round(ended - started, 3),
                        "first_byte_seconds": round((first or ended) - started, 3)})
 
-    def model_info(self) -> dict:
-        """The model's entry of the API's model list (context_length, top_provider, pricing), kept a day under
-        solo_home; {} when the list is out of reach or lacks the model. Asked at most once a run."""
-        if self.info is None:
-            key, path = f"{self.cfg.base_url} {self.cfg.model}", self.cfg.solo_home and self.cfg.solo_home / "models.json"
+    def model_info(self, model: str) -> dict:
+        """A model's entry of the API's model list (context_length, top_provider, pricing), kept a day under
+        solo_home; {} when the list is out of reach or lacks the model. Asked at most once a run for a model."""
+        if model not in self.info:
+            key, path = f"{self.cfg.base_url} {model}", self.cfg.solo_home and self.cfg.solo_home / "models.json"
             cache = read_json(path) if path else {}
             entry = cache.get(key) if isinstance(cache.get(key), dict) else {}
             if isinstance(entry.get("time"), (int, float)) and time.time() - entry["time"] < MODEL_LIST_SECONDS \
                     and isinstance(entry.get("info"), dict):
-                self.info = entry["info"]
-                return self.info
+                self.info[model] = entry["info"]
+                return self.info[model]
             try:
                 response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
                                             timeout=(self.cfg.connect_timeout, 30))
-                entry = next((m for m in response.json()["data"] if m.get("id") == self.cfg.model), {})
+                entry = next((m for m in response.json()["data"] if m.get("id") == model), {})
             except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError):
-                self.info = {}
-                return self.info
-            self.info = {k: entry[k] for k in ("context_length", "top_provider", "pricing") if k in entry}
+                self.info[model] = {}
+                return {}
+            self.info[model] = {k: entry[k] for k in ("context_length", "top_provider", "pricing") if k in entry}
             if path:
-                write_private(path, json.dumps({**cache, key: {"time": time.time(), "info": self.info}}))
-        return self.info
+                write_private(path, json.dumps({**cache, key: {"time": time.time(), "info": self.info[model]}}))
+        return self.info[model]
 
     def __call__(self, body: dict) -> dict:
         """The reply to a request body, after retrying transient failures with jittered backoff."""
@@ -2128,12 +2141,6 @@ class ModelClient:
 TRANSCRIPT_FORMAT = 1
 SECRET_PATTERN = re.compile(r"\bsk-or-v1-[0-9a-fA-F]{16,}|\bsk-(?:ant-|proj-)?[A-Za-z0-9_-]{24,}")  # API keys
 UUID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def private_folder(path: Path) -> None:
-    """A folder and each missing parent, created 0700: transcript paths name the user's projects."""
-    for folder in reversed([p for p in (path, *path.parents) if not p.is_dir()]):
-        folder.mkdir(mode=0o700)
 
 
 class Transcript:
@@ -2206,6 +2213,7 @@ class Conversation(list):
         super().__init__(messages)
         self.transcript, self.sidechain = transcript, sidechain
         self.reads: dict[tuple, tuple] = {}  # Reads whose full result is in this conversation, by file and lines
+        self.tokens = self.compactions = self.floor = 0  # the last prompt's size; compactions, and where the last left it
 
     def note(self, entry: dict) -> None:
         """Write one line of this conversation (a sub-agent's are marked, so resuming skips them)."""
@@ -2367,49 +2375,59 @@ def history_text(messages: list[dict], budget: int) -> str:
     return clip("\n\n".join(f"[{role}]\n{text}" for role, text in entries), budget)
 
 
+COMPACTED, LATEST = "[This conversation was compacted. A summary of it so far:]", "[The user's latest request, word for word:]"
+
+
 class Compactor:
-    """Keeps conversations inside the model's context window: learns the window, and when the window is
-    nearly full or the API refuses a request as too long, has the model summarise the history."""
+    """Keeps conversations inside their model's context window: learns the window, and when it is nearly full or
+    the API refuses a request as too long, has the model summarise the history."""
 
-    def __init__(self, cfg: Config, model: Callable[[dict], dict], info: Callable[[], dict],
-                 emit: Callable[[dict], None]):
-        self.cfg, self.model, self.info, self.emit = cfg, model, info, emit
-        self.window, self.failures, self.after = cfg.context_window, 0, 0  # after: tokens left by the last one
+    def __init__(self, model: Callable[[dict], dict], info: Callable[[str], dict], emit: Callable[[dict], None],
+                 usage: Usage | None = None):
+        self.model, self.info, self.emit, self.usage = model, info, emit, usage or Usage()
+        self.windows: dict[str, int] = {}  # by model: learned from a refusal or the model list
+        self.failures, self.after = 0, 0  # summaries that failed in a row; tokens left by the last compaction
 
-    def size(self) -> int:
+    def size(self, cfg: Config) -> int:
         """The context window in tokens: given, learned from a refusal, from the model list, or a default."""
-        if not self.window:
-            entry = self.info()
+        if cfg.context_window:
+            return cfg.context_window
+        if cfg.model not in self.windows:
+            entry = self.info(cfg.model)
             sizes = [entry.get("context_length"), (entry.get("top_provider") or {}).get("context_length")]
-            self.window = min((n for n in sizes if isinstance(n, int) and n > 0), default=DEFAULT_WINDOW)
-        return self.window
+            self.windows[cfg.model] = min((n for n in sizes if isinstance(n, int) and n > 0), default=DEFAULT_WINDOW)
+        return self.windows[cfg.model]
 
-    def due(self, prompt_tokens: int) -> bool:
+    def due(self, cfg: Config, prompt_tokens: int) -> bool:
         """True when the last prompt and the room kept for an answer pass the threshold of the window."""
-        if self.cfg.compact_at >= 1 or (not self.window and prompt_tokens < ASK_WINDOW_AT):
+        known = cfg.context_window or cfg.model in self.windows
+        if cfg.compact_at >= 1 or (not known and prompt_tokens < ASK_WINDOW_AT):
             return False
-        window = self.size()
-        full = prompt_tokens + min(window // 10, 16_000) > self.cfg.compact_at * window
+        window = self.size(cfg)
+        full = prompt_tokens + min(window // 10, 16_000) > cfg.compact_at * window
         return full and prompt_tokens > self.after + window // 10  # compacting again helps only if it grew
 
-    def learn(self, refusal: ContextOverflow) -> None:
+    def learn(self, cfg: Config, refusal: ContextOverflow) -> None:
         """Take the window from a refusal that states it ("maximum context length is 8192 tokens")."""
-        if found := re.search(r"(?:context length|context window|context size)\D{0,20}?(\d[\d,]{2,})", str(refusal)):
-            self.window = int(found.group(1).replace(",", ""))
+        if found := re.search(r"(?:max(?:imum)?|context (?:length|window|size) (?:is|of))\D{0,24}?(\d[\d,]{2,})",
+                              str(refusal)):
+            self.windows[cfg.model] = int(found.group(1).replace(",", ""))
 
-    def compact(self, messages: list[dict], tokens: int, trigger: str = "auto", focus: str = "") -> bool:
+    def compact(self, cfg: Config, messages: list[dict], tokens: int, trigger: str = "auto", focus: str = "") -> bool:
         """Replace the history with the model's summary of it, the user's latest request word for word and the
         recent tool work that fits a quarter of the window; False when no summary came (twice: never again)."""
-        if self.failures >= 2 or (self.cfg.compact_at >= 1 and trigger == "auto"):
+        if self.failures >= 2 or (cfg.compact_at >= 1 and trigger == "auto"):
             return False
-        window, latest = self.size(), max(i for i, m in enumerate(messages) if m["role"] in ("user", "system"))
+        window, latest = self.size(cfg), max(i for i, m in enumerate(messages) if m["role"] in ("user", "system"))
         budget = (window - min(window // 10, 16_000)) * 2  # characters: about half of what fits
         ask = SUMMARY_ASK + (f" Focus on: {focus}" if focus else "")
-        body = build_request(self.cfg._replace(stream=False), [{"role": "system", "content": SUMMARY_SYSTEM}, {
+        body = build_request(cfg._replace(stream=False), [{"role": "system", "content": SUMMARY_SYSTEM}, {
             "role": "user", "content": f"<conversation>\n{history_text(messages, budget)}\n</conversation>\n\n{ask}"}], [])
         self.emit({"type": "request", "body": body})
         try:
-            summary = content_text(first_choice(self.model(body))["message"]).strip()
+            reply = self.model(body)
+            self.usage.add(reply.get("usage"), cfg.model)
+            summary = content_text(first_choice(reply)["message"]).strip()
         except ApiError as error:
             summary = ""
             self.emit({"type": "notice", "text": f"the summary request failed: {error}"})
@@ -2422,13 +2440,15 @@ class Compactor:
         starts = [i for i, m in enumerate(tail) if m["role"] == "assistant"]
         kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
         request = content_text(messages[latest]) if latest else ""
-        summary_message = {"role": "user", "content": f"[This conversation was compacted. A summary of it so far:]\n"
-                           f"{summary}\n\n[The user's latest request, word for word:]\n{request}"}
+        request = request.partition(LATEST + "\n")[2] if request.startswith(COMPACTED) else request  # not nested
+        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}"}
         if isinstance(messages, Conversation):
             messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
         del messages[1:]
         for message in (summary_message, *kept):
             messages.append(message)
+        if isinstance(messages, Conversation):  # a turn that fails later may drop no more than this
+            messages.compactions, messages.floor = messages.compactions + 1, len(messages)
         self.after = estimate_tokens(messages)
         self.emit({"type": "compact_boundary", "trigger": trigger, "tokens_before": tokens, "tokens_after": self.after})
         return True
@@ -2504,8 +2524,8 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
             if attempt >= SHRINK_ATTEMPTS:
                 raise
             if compactor:
-                compactor.learn(refusal)
-            if compactor and compactor.compact(messages, tokens or estimate_tokens(messages)):
+                compactor.learn(cfg, refusal)
+            if compactor and compactor.compact(cfg, messages, tokens or estimate_tokens(messages)):
                 continue
             if not (replaced := shrink(messages)):
                 raise
@@ -2562,11 +2582,11 @@ def final_answer(message: dict, finish: Any, emit: Callable[[dict], None]) -> st
     return text.strip("\n")  # models often open with blank lines; exact-output callers compare the text
 
 
-def spent(cfg: Config, usage: Usage, info: Callable[[], dict], emit: Callable[[dict], None]) -> float:
+def spent(cfg: Config, usage: Usage, info: Callable[[str], dict], emit: Callable[[dict], None]) -> float:
     """The run's cost for --max-cost, estimated at the model's list price for replies that reported none."""
     if not any(usage.unpriced):
         return usage.cost or 0.0
-    pricing = info().get("pricing") or {}
+    pricing = info(cfg.model).get("pricing") or {}
     try:
         price = float(pricing["prompt"]), float(pricing["completion"])
         assert all(0 <= p < math.inf for p in price)  # OpenRouter gives -1 for a price that varies
@@ -2581,18 +2601,21 @@ def spent(cfg: Config, usage: Usage, info: Callable[[], dict], emit: Callable[[d
 
 def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict], tools: dict[str, Tool],
               ctx: ToolContext, usage: Usage, emit: Callable[[dict], None],
-              info: Callable[[], dict] = dict, compactor: Compactor | None = None) -> Outcome:
+              info: Callable[[str], dict] = lambda model: {}, compactor: Compactor | None = None) -> Outcome:
     """Ask the model, run its tool calls, and repeat until it answers without tool calls or a limit is hit."""
     plan = cfg.permission_mode == "plan"  # only what changes nothing is offered
-    specs, seen_ids, tokens = [tool.spec() for tool in tools.values() if not (plan and tool.asks)], set(), 0
+    specs, seen_ids = [tool.spec() for tool in tools.values() if not (plan and tool.asks)], set()
+    tokens = getattr(messages, "tokens", 0)  # the conversation's last prompt size, from its last turn
     for turn in itertools.count(1):
         if cfg.max_turns and turn > cfg.max_turns:
             return Outcome("", "error_max_turns", cfg.max_turns)
-        if compactor and compactor.due(tokens):
-            compactor.compact(messages, tokens)
+        if compactor and compactor.due(cfg, tokens):
+            compactor.compact(cfg, messages, tokens)
         response = request_reply(cfg, messages, specs, model, emit, compactor, tokens)
         reported = response.get("usage") if isinstance(response.get("usage"), dict) else {}
         tokens = int(reported.get("prompt_tokens") or 0)
+        if isinstance(messages, Conversation):
+            messages.tokens = tokens
         usage.add(response.get("usage"), cfg.model)
         cost = spent(cfg, usage, info, emit) if cfg.max_cost is not None else 0.0  # unenforceable: before any tool
         choice = first_choice(response)
@@ -2622,7 +2645,7 @@ class Agent:
                  ask_user: Callable[[str, dict], bool] | None = None, sleep: Callable[[float], None] = time.sleep):
         self.cfg, self.emit, self.usage, self.transcript, self.ask_user = cfg, emit, Usage(), None, ask_user
         self.model = ModelClient(cfg, emit=emit, sleep=sleep)
-        self.compactor = Compactor(cfg, self.model, self.model.model_info, emit)
+        self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
         self.scratch, self.servers = None, []  # a read-only sandbox's private temp folder; the MCP servers
@@ -3279,7 +3302,7 @@ class Session:
                 messages.note({"type": "model", "model": self.agent.cfg.model})
             self.reporter.say(f"model: {self.agent.cfg.model}")
         elif word == "/compact":
-            if not self.agent.compactor.compact(messages, estimate_tokens(messages), "manual", rest.strip()):
+            if not self.agent.compactor.compact(self.agent.cfg, messages, estimate_tokens(messages), "manual", rest.strip()):
                 self.reporter.say("the conversation was not compacted")
         elif word == "/mode":
             if rest.strip() not in (*PERMISSION_MODES, ""):
@@ -3353,11 +3376,11 @@ class Session:
                 self.reporter.say(str(error) if isinstance(error, AgentError) else "cancelled")
                 continue
             messages = self.messages
-            mark, interrupted = len(messages), 0.0
+            mark, compactions, interrupted = len(messages), messages.compactions, 0.0
             try:
                 outcome = self.agent.ask(messages, line)
             except (KeyboardInterrupt, Exception) as error:  # an unfinished turn leaves no trace; the session goes on
-                del messages[mark:]
+                del messages[mark if messages.compactions == compactions else messages.floor:]
                 self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
                 continue
             with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing

@@ -165,7 +165,7 @@ def test_netrc_never_replaces_the_api_key():
     model = client([], [])
     model({"messages": []})
     assert responses.calls[0].request.headers["Authorization"] == "Bearer sk-secret"
-    model.model_info()
+    model.model_info(model.cfg.model)
     assert responses.calls[1].request.headers["Authorization"] == "Bearer sk-secret"
 
 

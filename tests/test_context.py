@@ -90,14 +90,14 @@ def overflow(message: str = TOO_LONG) -> Raw:
 def test_instruction_files(tmp_path, tree, cwd, found):
     assert not any((p / ".git").exists() for p in tmp_path.parents)  # else "no repository" would not be true
     files(tmp_path, tree)
-    assert agent.instruction_files(tmp_path / cwd, tmp_path / "home") == [tmp_path / p for p in found]
+    assert [path for path, _ in agent.instruction_files(tmp_path / cwd, tmp_path / "home")] == [tmp_path / p for p in found]
 
 
 def test_a_symlinked_claude_md_counts_once(tmp_path):
     files(tmp_path, {"w/AGENTS.md": "the rules", "w/.claude/": ""})
     (tmp_path / "w" / "CLAUDE.md").symlink_to("AGENTS.md")
     (tmp_path / "w" / ".claude" / "CLAUDE.md").symlink_to("../AGENTS.md")
-    assert agent.instruction_files(tmp_path / "w", None) == [tmp_path / "w" / "CLAUDE.md"]
+    assert agent.instruction_files(tmp_path / "w", None) == [(tmp_path / "w" / "CLAUDE.md", tmp_path / "w")]
     cfg = agent.Config(api_key="k", cwd=tmp_path / "w")
     assert agent.project_instructions(cfg, print).count("the rules") == 1
 
@@ -166,7 +166,8 @@ def test_expand_imports(tmp_path, tree, text, expanded):
     folder = tmp_path / "proj"
     folder.mkdir(exist_ok=True)
     text = text.replace("{tmp}", str(tmp_path))
-    assert agent.expand_imports(text, folder, tmp_path / "home", ((folder / "CLAUDE.md").resolve(),)) == expanded
+    within = tmp_path  # the folder imports must stay in (the repository; here all of the test's files)
+    assert agent.expand_imports(text, folder, tmp_path / "home", ((folder / "CLAUDE.md").resolve(),), within) == expanded
 
 
 def test_imports_end_to_end(serve, run, workspace, tmp_path):
@@ -293,9 +294,9 @@ def test_history_text_cuts_the_largest_tool_results_first():
 ])
 def test_due(tmp_path, window, compact_at, after, tokens, due):
     cfg = agent.Config(api_key="k", cwd=tmp_path, context_window=window, compact_at=compact_at)
-    compactor = agent.Compactor(cfg, model=None, info=lambda: pytest.fail("the list was asked"), emit=print)
+    compactor = agent.Compactor(model=None, info=lambda model: pytest.fail("the list was asked"), emit=print)
     compactor.after = after
-    assert compactor.due(tokens) is due
+    assert compactor.due(cfg, tokens) is due
 
 
 @pytest.mark.parametrize("entry, tokens, asked, window", [
@@ -306,11 +307,11 @@ def test_due(tmp_path, window, compact_at, after, tokens, due):
     ({}, 30_001, 1, 128_000),  # the default
 ])
 def test_the_window_comes_from_the_model_list_past_30000_tokens(tmp_path, entry, tokens, asked, window):
-    calls = []
-    compactor = agent.Compactor(agent.Config(api_key="k", cwd=tmp_path), None, lambda: calls.append(1) or entry, print)
-    compactor.due(tokens)
-    compactor.due(tokens + 1)
-    assert (len(calls), compactor.window) == (asked, window)
+    calls, cfg = [], agent.Config(api_key="k", cwd=tmp_path)
+    compactor = agent.Compactor(None, lambda model: calls.append(model) or entry, print)
+    compactor.due(cfg, tokens)
+    compactor.due(cfg, tokens + 1)
+    assert (len(calls), compactor.windows.get(cfg.model)) == (asked, window)
 
 
 @pytest.mark.parametrize("message, window", [
@@ -321,9 +322,10 @@ def test_the_window_comes_from_the_model_list_past_30000_tokens(tmp_path, entry,
     ("HTTP 400: prompt is too long", None),
 ])
 def test_learn_takes_the_window_from_the_refusal(tmp_path, message, window):
-    compactor = agent.Compactor(agent.Config(api_key="k", cwd=tmp_path), None, dict, print)
-    compactor.learn(agent.ContextOverflow(message))
-    assert compactor.window == window
+    cfg = agent.Config(api_key="k", cwd=tmp_path)
+    compactor = agent.Compactor(None, lambda model: {}, print)
+    compactor.learn(cfg, agent.ContextOverflow(message))
+    assert compactor.windows.get(cfg.model) == window
 
 
 @pytest.mark.parametrize("env, compact_at", [({}, 0.8), ({"SOLO_COMPACT_AT": "0.5"}, 0.5),
@@ -349,7 +351,7 @@ def loop(tmp_path: Path, model, messages: list[dict], events: list, *, compactor
     """One turn of run_agent with a compactor, as Agent.run does it (a session keeps one across its turns)."""
     cfg = agent.Config(api_key="k", cwd=tmp_path, tools=("Read", "Write", "Edit", "Bash"), **overrides)
     tools = {t.name: t for t in agent.TOOLS if t.name in cfg.tools}
-    compactor = compactor or agent.Compactor(cfg, model, dict, events.append)
+    compactor = compactor or agent.Compactor(model, lambda name: {}, events.append)
     return agent.run_agent(cfg, messages, model=model, tools=tools, ctx=agent.ToolContext(cwd=tmp_path, env={}),
                            usage=agent.Usage(), emit=events.append, compactor=compactor)
 
@@ -402,8 +404,8 @@ def test_a_conversation_past_the_threshold_is_compacted_before_the_next_turn(tmp
     model = recorded(lambda body: reply(SUMMARY) if is_summary(body) else reply("answer", usage=usage(17_000)))
     events: list = []
     cfg = agent.Config(api_key="k", cwd=tmp_path, context_window=20_000)
-    compactor = agent.Compactor(cfg, model, dict, events.append)
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "first"}]
+    compactor = agent.Compactor(model, lambda name: {}, events.append)
+    messages = agent.Conversation([{"role": "system", "content": "s"}, {"role": "user", "content": "first"}])
     loop(tmp_path, model, messages, events, context_window=20_000, compactor=compactor)
     messages.append({"role": "user", "content": "second"})
     loop(tmp_path, model, messages, events, context_window=20_000, compactor=compactor)
@@ -413,11 +415,11 @@ def test_a_conversation_past_the_threshold_is_compacted_before_the_next_turn(tmp
 def test_manual_compaction_works_when_automatic_is_off(tmp_path):
     model, events = recorded(lambda body: reply(SUMMARY)), []
     cfg = agent.Config(api_key="k", cwd=tmp_path, context_window=20_000, compact_at=1.0)
-    compactor = agent.Compactor(cfg, model, dict, events.append)
+    compactor = agent.Compactor(model, lambda name: {}, events.append)
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": ASK},
                 {"role": "assistant", "content": "an answer"}]
-    assert compactor.compact(list(messages), 100) is False and model.sent == []
-    assert compactor.compact(messages, 100, "manual", "the fruit") is True
+    assert compactor.compact(cfg, list(messages), 100) is False and model.sent == []
+    assert compactor.compact(cfg, messages, 100, "manual", "the fruit") is True
     assert model.sent[0]["messages"][1]["content"].endswith(" Focus on: the fruit")
     assert messages[0] == {"role": "system", "content": "s"}
     assert messages[2] == {"role": "assistant", "content": "an answer"}
@@ -861,3 +863,13 @@ def test_a_forked_skill_reads_in_full_what_the_main_conversation_read(serve, run
     result = run(["-p", "audit it"], cwd=workspace, base_url=server.url)
     assert (result.code, result.stdout) == (0, "done\n")
     assert tool_contents(server.bodies[-1]) == ["alpha\nbeta\n", "SUB: alpha\nbeta", NOTE.format("notes.txt")]
+
+
+def test_a_project_cannot_import_secret_files_from_outside(tmp_path):
+    """Outside its repository, a project's CLAUDE.md may import only Markdown and text files."""
+    files(tmp_path, {"home/.ssh/id_rsa": "PRIVATE-KEY", "home/notes.md": "MY-NOTES", "repo/.git/": "",
+                     "repo/docs/key.pem": "IN-REPO-PEM"})
+    text = "@~/.ssh/id_rsa @~/notes.md @docs/key.pem"
+    expanded = agent.expand_imports(text, tmp_path / "repo", tmp_path / "home", (), tmp_path / "repo")
+    assert expanded == (f"[@~/.ssh/id_rsa: not imported, only Markdown or text files are taken from outside "
+                        f"{tmp_path / 'repo'}] MY-NOTES IN-REPO-PEM")
