@@ -47,7 +47,6 @@ import io
 import itertools
 import json
 import math
-import zlib
 import os
 import random
 import re
@@ -59,6 +58,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -118,7 +118,7 @@ class Config(NamedTuple):
     max_turns: int | None = None  # model requests per prompt before stopping with exit 3; None: no limit
     max_cost: float | None = None  # USD across the run, from usage.cost (or estimated); None: no limit
     connect_timeout: float = 10.0
-    read_timeout: float = 300.0  # long replies with big tool calls can take minutes
+    read_timeout: float = 300.0  # the longest silence while a reply arrives (a whole reply may take longer)
     max_attempts: int = 6  # per request, for transient failures
     output_format: str = "text"  # text | json | stream-json
     verbose: bool = False
@@ -137,7 +137,7 @@ class Config(NamedTuple):
     sandbox_network: bool = False  # commands may open TCP connections in a confined mode
     add_dirs: tuple[Path, ...] = ()  # more folders commands and tools may write in workspace-write
     home: Path | None = None  # for ~/.claude/skills
-    solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: the model-list cache (None: nothing kept)
+    solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: transcripts, the model-list cache (None: nothing kept)
     instructions: bool = True  # read CLAUDE.md / AGENTS.md into the system prompt
     context_window: int | None = None  # tokens; None: from the model list when it matters, else 128,000
     compact_at: float = 0.8  # share of the window a prompt (and room for the answer) may fill before compaction
@@ -214,27 +214,23 @@ class HeadTail:
     def __init__(self, keep: int):
         self.keep, self.total = keep, 0
         self.head, self.tail = bytearray(), bytearray()
-        self.lock = threading.Lock()
 
     def feed(self, data: bytes) -> None:
         """Take the next chunk of the stream."""
-        with self.lock:
-            self.total += len(data)
-            room = self.keep - len(self.head)
-            if room > 0:
-                self.head += data[:room]
-                data = data[room:]
-            self.tail += data
-            if len(self.tail) > self.keep:
-                del self.tail[: len(self.tail) - self.keep]
+        self.total += len(data)
+        room = self.keep - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        if len(self.tail) > self.keep:
+            del self.tail[: len(self.tail) - self.keep]
 
     def text(self) -> str:
         """The kept bytes as text, with a marker where the middle was dropped."""
-        with self.lock:
-            head, tail, total = bytes(self.head), bytes(self.tail), self.total
-        gap = total - len(head) - len(tail)
+        gap = self.total - len(self.head) - len(self.tail)
         middle = omitted(gap, "bytes") if gap else ""
-        return head.decode(errors="replace") + middle + tail.decode(errors="replace")
+        return self.head.decode(errors="replace") + middle + self.tail.decode(errors="replace")
 
 
 # --- Processes and signals ------------------------------------------------------------------------
@@ -342,6 +338,8 @@ class Leftovers:
 
 SANDBOX_MODES = ("off", "read-only", "workspace-write")
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+# Landlock's rights that change files, each with the ABI that has it: write, remove dir/file, make char/dir/reg/
+# sock/fifo/block/sym, then refer (2), truncate (3), ioctl on devices (5)
 WRITE_RIGHTS = [(1 << bit, 1) for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)] + [(1 << 13, 2), (1 << 14, 3), (1 << 15, 5)]
 FILE_RIGHTS = (1 << 1) | (1 << 14) | (1 << 15)  # write, truncate, ioctl: what a rule on a single file may grant
 DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system|Invalid cross-device link")
@@ -945,7 +943,8 @@ def match_lines(f, regex: re.Pattern) -> Iterator[tuple[int, str, bool]]:
         seen = seen.rstrip("\r\n")
         at = max(0, found.start() - 100) if found and found.end() > GREP_LINE_LIMIT else 0
         text = seen[at: at + GREP_LINE_LIMIT]
-        yield number, ("..." if at else "") + text + (" [line cut]" if len(seen) > at + GREP_LINE_LIMIT else ""), bool(found)
+        cut = " [line cut]" if len(seen) > at + GREP_LINE_LIMIT else ""
+        yield number, ("..." if at else "") + text + cut, bool(found)
 
 
 def grep_file(path: Path, regex: re.Pattern, before: int, after: int) -> Iterator[tuple[int, str, bool]]:
@@ -1636,7 +1635,8 @@ class McpServer:
                 parts.append(str(part.get("text") or resource.get("text")))
             elif kind:
                 what = part.get("mimeType") or resource.get("mimeType") or part.get("uri") or resource.get("uri") or ""
-                parts.append(f"[{kind} {what} ({len(part.get('data') or resource.get('blob') or '')} characters, not shown)]")
+                size = len(part.get("data") or resource.get("blob") or "")
+                parts.append(f"[{kind} {what} ({size} characters, not shown)]")
         text = "\n".join(parts)
         if not any(p.get("type") == "text" for p in result.get("content") or [] if isinstance(p, dict)) \
                 and result.get("structuredContent") is not None:
@@ -1678,7 +1678,8 @@ def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> 
                 lambda ctx, **args: server.call(tool["name"], args, timeout), asks=not read_only, read_only=read_only)
 
 
-def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None], sandbox: Sandbox | None) -> list[McpServer]:
+def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None],
+              sandbox: Sandbox | None) -> list[McpServer]:
     """Every configured server, started at once; a server that fails gives one warning and is left out."""
     servers = [McpServer(name, spec, cfg.cwd, env, emit, sandbox) for name, spec in cfg.mcp]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
@@ -2002,8 +2003,8 @@ class StreamedReply:
                 try:
                     self.event(data)
                 except (TypeError, AttributeError, KeyError, ValueError, RecursionError, OverflowError):
-                    raise ApiError(f"the API sent a malformed stream event: {one_line(data.decode(errors='replace'), 100)}",
-                                   retryable=True) from None
+                    excerpt = one_line(data.decode(errors="replace"), 100)
+                    raise ApiError(f"the API sent a malformed stream event: {excerpt}", retryable=True) from None
 
     def event(self, data: bytes) -> None:
         """Take one event: a chunk of the reply, an error, or the end."""
@@ -2202,7 +2203,8 @@ def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tup
             elif entry.get("type") == "set":
                 messages[int(entry["index"])] = dict(entry["message"])
     except (TypeError, KeyError, IndexError, ValueError, AttributeError):
-        raise UsageError(f"{path} is corrupt (a line is not a message or event solo wrote); it was left as is") from None
+        raise UsageError(f"{path} is corrupt (a line is not a message or an event of solo's); it was left as is") \
+            from None
     return messages, len(data) - len(lines[-1])
 
 
@@ -2213,7 +2215,8 @@ class Conversation(list):
         super().__init__(messages)
         self.transcript, self.sidechain = transcript, sidechain
         self.reads: dict[tuple, tuple] = {}  # Reads whose full result is in this conversation, by file and lines
-        self.tokens = self.compactions = self.floor = 0  # the last prompt's size; compactions, and where the last left it
+        self.tokens = 0  # the last prompt's size in tokens
+        self.compactions = self.floor = 0  # how many, and the length the last one left
 
     def note(self, entry: dict) -> None:
         """Write one line of this conversation (a sub-agent's are marked, so resuming skips them)."""
@@ -2261,7 +2264,8 @@ class Sessions:
     def recent(self, asked: bool = False) -> Iterator[Path]:
         """The transcripts, most recent first; `asked`: only those with a prompt (not a session left at once)."""
         paths = list(self.folder.glob("*.jsonl")) if self.folder and self.folder.is_dir() else []
-        return (p for p in sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True) if not asked or self.prompts(p)[0])
+        paths.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        return (p for p in paths if not asked or self.prompts(p)[0])
 
     def find(self, wanted: str | None) -> Path:
         """The transcript of an id or unique prefix (None: the most recent with a prompt); UsageError otherwise."""
@@ -2375,7 +2379,8 @@ def history_text(messages: list[dict], budget: int) -> str:
     return clip("\n\n".join(f"[{role}]\n{text}" for role, text in entries), budget)
 
 
-COMPACTED, LATEST = "[This conversation was compacted. A summary of it so far:]", "[The user's latest request, word for word:]"
+COMPACTED = "[This conversation was compacted. A summary of it so far:]"
+LATEST = "[The user's latest request, word for word:]"
 
 
 class Compactor:
@@ -2421,8 +2426,9 @@ class Compactor:
         window, latest = self.size(cfg), max(i for i, m in enumerate(messages) if m["role"] in ("user", "system"))
         budget = (window - min(window // 10, 16_000)) * 2  # characters: about half of what fits
         ask = SUMMARY_ASK + (f" Focus on: {focus}" if focus else "")
-        body = build_request(cfg._replace(stream=False), [{"role": "system", "content": SUMMARY_SYSTEM}, {
-            "role": "user", "content": f"<conversation>\n{history_text(messages, budget)}\n</conversation>\n\n{ask}"}], [])
+        history = f"<conversation>\n{history_text(messages, budget)}\n</conversation>\n\n{ask}"
+        body = build_request(cfg._replace(stream=False), [{"role": "system", "content": SUMMARY_SYSTEM},
+                                                          {"role": "user", "content": history}], [])
         self.emit({"type": "request", "body": body})
         try:
             reply = self.model(body)
@@ -2578,7 +2584,8 @@ def final_answer(message: dict, finish: Any, emit: Callable[[dict], None]) -> st
     if finish == "length":
         emit({"type": "notice", "text": "the answer was cut off at the model's output token limit"})
     if not text.strip():
-        emit({"type": "notice", "text": "the model's answer was empty" + (" (it only reasoned)" * bool(message.get("reasoning")))})
+        reasoned = " (it only reasoned)" if message.get("reasoning") else ""
+        emit({"type": "notice", "text": f"the model's answer was empty{reasoned}"})
     return text.strip("\n")  # models often open with blank lines; exact-output callers compare the text
 
 
@@ -2595,7 +2602,8 @@ def spent(cfg: Config, usage: Usage, info: Callable[[str], dict], emit: Callable
                          f"{cfg.model}") from None
     if not usage.estimated:
         usage.estimated = True
-        emit({"type": "notice", "text": f"the server reports no cost: --max-cost counts tokens at {cfg.model}'s list price"})
+        emit({"type": "notice", "text": f"the server reports no cost: --max-cost counts tokens at {cfg.model}'s "
+                                        "list price"})
     return (usage.cost or 0.0) + usage.unpriced[0] * price[0] + usage.unpriced[1] * price[1]
 
 
@@ -2692,7 +2700,8 @@ class Agent:
     def conversation(self, resume: Path | None = None, fork: bool = False) -> Conversation:
         """The conversation to run, saved as it goes: resumed from a transcript, or new (the system message)."""
         catalog = self.skills if "Skill" in self.tools else {}  # no catalog when the model cannot load them
-        system = [{"role": "system", "content": system_prompt(self.cfg, catalog, project_instructions(self.cfg, self.notice))}]
+        instructions = project_instructions(self.cfg, self.notice)
+        system = [{"role": "system", "content": system_prompt(self.cfg, catalog, instructions)}]
         conversation = Sessions(self.cfg).open(self.cfg.session_id, system, self.notice, resume, fork)
         self.transcript = conversation.transcript  # sub-agents write there too
         return conversation
@@ -2719,7 +2728,9 @@ class Agent:
         for message in ({"role": "system", "content": system_prompt(self.cfg, {})}, {"role": "user", "content": body}):
             messages.append(message)
         outcome = self.run(messages, {n: t for n, t in self.tools.items() if n != "Skill"})
-        return outcome.answer if outcome.subtype == "success" else f"Error: the skill's sub-agent stopped ({outcome.subtype})"
+        if outcome.subtype != "success":
+            return f"Error: the skill's sub-agent stopped ({outcome.subtype})"
+        return outcome.answer
 
     def ask(self, messages: list[dict], prompt: str, context: str = "") -> Outcome:
         """Add the user's prompt (expanding leading /skill words) to a conversation and run it."""
@@ -2742,7 +2753,9 @@ class Agent:
             return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
         if mode == "bypassPermissions" or (mode == "acceptEdits" and tool in ("Write", "Edit")) or not self.ask_user:
             return ""
-        return "" if self.ask_user(tool, args) else f"the user declined to let {tool} run; ask them or try something else"
+        if self.ask_user(tool, args):
+            return ""
+        return f"the user declined to let {tool} run; ask them or try something else"
 
 
 # --- Command line ---------------------------------------------------------------------------------
@@ -2790,13 +2803,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("-v", "--verbose", action="store_true", help="trace tool calls and usage on stderr")
     add("--max-turns", metavar="N", type=positive(int), help="stop after N model requests per prompt (exit 3)")
     add("--max-cost", metavar="USD", type=positive(float), help="stop once the run has cost this many USD (exit 3)")
-    add("--allowed-tools", "--allowedTools", metavar="TOOLS", default="", help="only these tools (comma or space separated)")
+    add("--allowed-tools", "--allowedTools", metavar="TOOLS", default="", help="only these tools (comma separated)")
     add("--disallowed-tools", "--disallowedTools", metavar="TOOLS", default="", help="never these tools")
     add("--append-system-prompt", metavar="TEXT", default="", help="text added to the end of the system prompt")
     add("--trace", metavar="FILE", help="write every request, reply and tool call as JSON lines")
     add("--connect-timeout", metavar="S", type=positive(float), help="seconds to connect to the API (default 10)")
     add("--read-timeout", metavar="S", type=positive(float), help="longest silence while a reply arrives (default 300)")
-    add("-c", "--continue", dest="continue_session", action="store_true", help="go on with this directory's latest session")
+    add("-c", "--continue", dest="continue_session", action="store_true", help="go on with this folder's last session")
     add("-r", "--resume", nargs="?", const="", metavar="ID", help="go on with a session (id or prefix; none: pick one)")
     add("--fork-session", action="store_true", help="with --continue/--resume: go on under a new session id")
     add("--session-id", metavar="UUID", help="the id of a new session")
@@ -2809,12 +2822,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--no-stream", action="store_true", help="ask for whole replies instead of streamed ones")
     add("--include-partial-messages", action="store_true", help="stream-json: a stream_event line per text delta")
     add("--pass-env", metavar="NAMES", default="", help="secret-looking variables commands may still see")
-    add("--yes", "-y", action="store_true", help="run commands and edits without asking (--permission-mode bypassPermissions)")
+    add("--yes", "-y", action="store_true", help="ask nothing: --permission-mode bypassPermissions")
     add("--permission-mode", choices=PERMISSION_MODES, help="default: a session asks before changes; acceptEdits: "
         "file edits do not ask; plan: read-only tools only; bypassPermissions: nothing asks")
     add("--sandbox", choices=SANDBOX_MODES, help="confine commands and file tools: read-only, workspace-write, off")
     add("--sandbox-network", choices=("on", "off"), help="commands may open network connections in a sandbox (off)")
-    add("--add-dir", action="append", default=[], metavar="DIR", help="workspace-write: another folder writes may go to")
+    add("--add-dir", action="append", default=[], metavar="DIR", help="workspace-write: one more folder to write in")
     add("--version", action="store_true", help="print the version and exit")
     return parser.parse_args(argv)
 
@@ -2859,8 +2872,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         raise UsageError(f"SOLO_SANDBOX must be one of {', '.join(SANDBOX_MODES)}, not {sandbox!r}")
     for folder in args.add_dir:
         if not os.path.isdir(folder) or sandbox != "workspace-write":
-            raise UsageError(f"--add-dir {folder}: " + ("it goes with --sandbox workspace-write" if os.path.isdir(folder)
-                                                         else "no such folder"))
+            why = "it goes with --sandbox workspace-write" if os.path.isdir(folder) else "no such folder"
+            raise UsageError(f"--add-dir {folder}: {why}")
     if args.yes and args.permission_mode not in (None, "bypassPermissions"):
         raise UsageError(f"--yes means --permission-mode bypassPermissions, not {args.permission_mode}")
     base_url = env.get("OPENROUTER_BASE_URL", "").strip() or DEFAULT_BASE_URL
@@ -2879,14 +2892,15 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         output_format=args.output_format, verbose=args.verbose,
         tools=select_tools(args.allowed_tools, args.disallowed_tools),
         allowed=tuple(names(args.allowed_tools)), disallowed=tuple(names(args.disallowed_tools)),
-        mcp=mcp_servers(([] if args.strict_mcp_config or not (cwd / ".mcp.json").is_file() else [str(cwd / ".mcp.json")])
-                        + args.mcp_config, env),
+        mcp=mcp_servers(([] if args.strict_mcp_config or not (cwd / ".mcp.json").is_file()
+                         else [str(cwd / ".mcp.json")]) + args.mcp_config, env),
         mcp_timeout=env_number(env, "MCP_TIMEOUT", 10), mcp_tool_timeout=env_number(env, "MCP_TOOL_TIMEOUT", 120),
         append_system_prompt=args.append_system_prompt, trace_path=args.trace,
         cache=not (args.no_cache or env.get("SOLO_NO_CACHE", "") not in ("", "0")),
         stream=not (args.no_stream or env.get("SOLO_NO_STREAM", "") not in ("", "0")),
         instructions=not args.no_project_instructions, context_window=args.context_window,
-        compact_at=min(env_number(env, "SOLO_COMPACT_AT", 0.8), 1.0), persist=not args.no_session_persistence, session_days=env_number(env, "SOLO_SESSION_DAYS", 30),
+        compact_at=min(env_number(env, "SOLO_COMPACT_AT", 0.8), 1.0), persist=not args.no_session_persistence,
+        session_days=env_number(env, "SOLO_SESSION_DAYS", 30),
         partial_messages=args.include_partial_messages,
         pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))),
         permission_mode="bypassPermissions" if args.yes else args.permission_mode or "default",
@@ -2974,6 +2988,9 @@ def claude_blocks(message: dict) -> list[dict]:
     return blocks
 
 
+STREAM_JSON_EVENTS = ("assistant", "tool_result", "api_retry", "compact_boundary")
+
+
 class Reporter:
     """Shows a run's events: notices, live text and the verbose trace on stderr or a session's stdout,
     Claude Code's stream-json on stdout, and every event in a trace file."""
@@ -2993,8 +3010,8 @@ class Reporter:
         self.thinking(False)
         with contextlib.suppress(OSError):
             self.end_line()
-            print(for_terminal(f"solo: {redact(text, self.cfg.api_key)}", self.streams.stderr), file=self.streams.stderr,
-                  flush=True)
+            line = for_terminal(f"solo: {redact(text, self.cfg.api_key)}", self.streams.stderr)
+            print(line, file=self.streams.stderr, flush=True)
 
     def end_line(self) -> None:
         """End the line of streamed text on stdout, if one is open."""
@@ -3034,14 +3051,16 @@ class Reporter:
                 self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"],
                                      "tool_input": parse_arguments(event["arguments"])})
         if kind == "tool_result" and (self.cfg.verbose or self.interactive):
-            self.say(f"{event['name']}({one_line(event['arguments'], 80)}) -> {'error' if event['is_error'] else 'ok'}, "
+            outcome = "error" if event["is_error"] else "ok"
+            self.say(f"{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
                      f"{len(event['content'])} chars, {event['seconds']:.2f} s")
-        if self.cfg.output_format == "stream-json" and kind in ("assistant", "tool_result", "api_retry", "compact_boundary"):
+        if self.cfg.output_format == "stream-json" and kind in STREAM_JSON_EVENTS:
             self.write_json(self.claude_event(event))
 
     def claude_event(self, event: dict) -> dict:
         """An event as Claude Code's stream-json writes it."""
-        kind, common = event["type"], {"parent_tool_use_id": None, "session_id": self.cfg.session_id, "uuid": new_uuid()}
+        kind = event["type"]
+        common = {"parent_tool_use_id": None, "session_id": self.cfg.session_id, "uuid": new_uuid()}
         if kind == "assistant":
             message = {"id": event["id"], "type": "message", "role": "assistant", "model": event["model"],
                        "content": claude_blocks(event["message"]), "stop_reason": event["finish_reason"],
@@ -3141,7 +3160,8 @@ def pick_session(sessions: Sessions, say: Callable[[str], None], ask: Callable[[
     return recent[int(answer) - 1]
 
 
-def choose_session(args: argparse.Namespace, cfg: Config, stdin: Any, say: Callable[[str], None]) -> tuple[Config, Path | None]:
+def choose_session(args: argparse.Namespace, cfg: Config, stdin: Any,
+                   say: Callable[[str], None]) -> tuple[Config, Path | None]:
     """The transcript this run goes on from (--continue, --resume ID, or one picked from a list), and the
     Config naming the session: that one's id, or a new one (a new run, --fork-session, --session-id)."""
     sessions = Sessions(cfg)
@@ -3175,7 +3195,8 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
         reporter.write_json({"type": "system", "subtype": "init", "session_id": cfg.session_id, "cwd": str(cfg.cwd),
                              "model": cfg.model, "tools": list(agent.tools),
                              "mcp_servers": [{"name": s.name, "status": s.state} for s in agent.servers],
-                             "permissionMode": "bypassPermissions" if cfg.permission_mode == "default" else cfg.permission_mode,
+                             "permissionMode": cfg.permission_mode if cfg.permission_mode != "default"
+                             else "bypassPermissions",  # -p asks nothing
                              "sandbox": cfg.sandbox, "version": VERSION, "uuid": new_uuid()})
     outcome, error, code = None, "", EXIT_OK
     try:
@@ -3210,7 +3231,8 @@ def describe_call(cwd: Path, tool: str, args: dict) -> str:
     """What a call will do, shown whole before the user allows it: every line of a command, a file change's diff."""
     if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
         text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
-        return re.sub(r"\n[ \t]*(?:\n[ \t]*){2,}\n", lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
+        blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
+        return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
     import difflib  # only when asking: it costs start-up time
     path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
     if tool == "Write":
@@ -3302,7 +3324,8 @@ class Session:
                 messages.note({"type": "model", "model": self.agent.cfg.model})
             self.reporter.say(f"model: {self.agent.cfg.model}")
         elif word == "/compact":
-            if not self.agent.compactor.compact(self.agent.cfg, messages, estimate_tokens(messages), "manual", rest.strip()):
+            tokens = estimate_tokens(messages)
+            if not self.agent.compactor.compact(self.agent.cfg, messages, tokens, "manual", rest.strip()):
                 self.reporter.say("the conversation was not compacted")
         elif word == "/mode":
             if rest.strip() not in (*PERMISSION_MODES, ""):
