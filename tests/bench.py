@@ -1,11 +1,14 @@
 """Benchmarks: what the harness costs on top of the model, each figure beside its floor.
 
-Run from the repository root (after tests/setup.sh):  .venv/bin/python tests/bench.py [--quick]
+Run from the repository root (after tests/setup.sh):  .venv/bin/python tests/bench.py [--quick] [--mcp-only]
 
 Prints a table of medians over several runs: start-up to first request, time per turn over a 200-turn
 session (whole replies and streamed), the delay from a streamed chunk to its line on stdout, peak RSS idle / reading a 1 GB file / running a command that prints 1 GB, the largest request
 body, for prompt caching the share of each request that repeats the previous one byte for byte, and what the
-sandbox's set-up (Landlock in each command's process) adds to a trivial command.
+sandbox adds to a trivial command.
+For MCP and parallel calls (issue 15): 4 Greps of ~0.5 s in one reply against the same 4 one after another,
+4 read-only MCP calls of 1 s in one reply against the slowest, start-up with one stdio MCP server against
+none, and what an MCP call costs over the server's own time. --mcp-only runs just those.
 Not collected by pytest: it takes minutes and its figures depend on the machine.
 """
 
@@ -25,7 +28,9 @@ from tests.fake_openrouter import FakeOpenRouter, Raw, Stream, call, reply, tool
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM, PYTHON = ROOT / "your_program.sh", ROOT / ".venv" / "bin" / "python"
+MCP_SERVER = ROOT / "tests" / "mcp_server.py"
 QUICK = "--quick" in sys.argv
+MCP_ONLY = "--mcp-only" in sys.argv
 RUNS = 3 if QUICK else 7
 
 FLOOR_START = """
@@ -225,12 +230,128 @@ def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[fl
     return statistics.median(times["plain"]), statistics.median(times["confined"])
 
 
+def mcp_config(*options: str) -> str:
+    """--mcp-config for one test server `t` with these options."""
+    return json.dumps({"mcpServers": {"t": {"command": str(PYTHON), "args": [str(MCP_SERVER), *options]}}})
+
+
+def traced_results(model, workspace: Path, *flags: str) -> list[dict]:
+    """Run the program on a model script with a trace; its tool_result events (each with `seconds`, counted from
+    the start of the call's batch)."""
+    trace = workspace / "trace.jsonl"
+    trace.unlink(missing_ok=True)
+    with FakeOpenRouter(model, validate=False) as server:
+        subprocess.run([str(PROGRAM), "-p", "go", "--trace", str(trace), *flags], cwd=workspace, check=True,
+                       env=env_for(server, workspace), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    return [event for event in events if event["type"] == "tool_result"]
+
+
+def one_per_turn(calls: list) -> object:
+    """A model that makes these calls one per turn, then answers."""
+    def model(body):
+        done = sum(1 for m in body["messages"] if m["role"] == "tool")
+        return reply(tool_calls=[calls[done]]) if done < len(calls) else reply("done")
+    return model
+
+
+def grep_tree(workspace: Path, seconds: float = 0.5) -> Path:
+    """A folder of text files that one Grep for an absent word takes about `seconds` to search."""
+    from app import main as agent
+    tree = workspace / "tree"
+    tree.mkdir(exist_ok=True)
+    line = "the quick brown fox jumps over the lazy dog 0123456789\n" * 200
+    ctx = agent.ToolContext(cwd=workspace, env={})
+    count = 20
+    while True:
+        for i in range(len(list(tree.iterdir())), count):
+            (tree / f"{i}.txt").write_text(line)
+        start = time.monotonic()
+        agent.tool_grep(ctx, "absent0", path="tree")
+        took = time.monotonic() - start
+        if took >= seconds * 0.9 or count > 20_000:
+            return tree
+        count = int(count * min(4.0, seconds / max(took, 1e-3)) * 1.05) + 1
+
+
+def parallel_greps(workspace: Path) -> tuple[float, float]:
+    """Median seconds for 4 Greps of ~0.5 s: all in one reply (the batch's wall time), and one per turn (the sum)."""
+    grep_tree(workspace)
+    calls = [call("Grep", {"pattern": f"absent{i}", "path": "tree"}) for i in range(4)]
+    together, apart = [], []
+    for _ in range(RUNS):
+        together.append(max(r["seconds"] for r in traced_results(tool_then(calls, "done"), workspace)))
+        apart.append(sum(r["seconds"] for r in traced_results(one_per_turn(calls), workspace)))
+    return statistics.median(together), statistics.median(apart)
+
+
+def parallel_mcp(workspace: Path) -> float:
+    """Median wall seconds of one reply with 4 read-only MCP calls that each wait 1 s."""
+    calls = [call("mcp__t__sleep", {"seconds": 1, "tag": str(i)}) for i in range(4)]
+    walls = [max(r["seconds"] for r in traced_results(tool_then(calls, "done"), workspace, "--mcp-config",
+                                                      mcp_config("--only", "sleep")))
+             for _ in range(RUNS)]
+    return statistics.median(walls)
+
+
+def mcp_startup(workspace: Path) -> tuple[float, float]:
+    """Median seconds from spawn to first request with one stdio MCP server configured, and with none."""
+    config = mcp_config("--only", "echo")
+    times: dict[str, list[float]] = {"mcp": [], "none": []}
+    with FakeOpenRouter(lambda body: reply("ok"), validate=False) as server:
+        for run in range(3 * RUNS + 1):  # the first round only warms the caches
+            for name, extra in (("mcp", ["--mcp-config", config]), ("none", [])):
+                seen, start = len(server.times), time.monotonic()
+                subprocess.run([str(PROGRAM), "-p", "hi", *extra], cwd=workspace, env=env_for(server, workspace),
+                               check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                if run:
+                    times[name].append(server.times[seen] - start)
+    return statistics.median(times["mcp"]), statistics.median(times["none"])
+
+
+def mcp_overhead(workspace: Path, calls: int = 100) -> tuple[float, float]:
+    """Median seconds an MCP call takes in the agent beyond the server's own time (from reading the request to
+    writing the answer), over one reply of `calls` calls that run one after another; and that server time."""
+    results = traced_results(tool_then([call("mcp__t__stamp", {}) for _ in range(calls)], "done"), workspace,
+                             "--mcp-config", mcp_config("--only", "stamp"))
+    own = [json.loads(r["content"])["server_seconds"] for r in results]
+    return statistics.median(r["seconds"] - o for r, o in zip(results, own)), statistics.median(own)
+
+
+def mcp_rows(workspace: Path) -> list[tuple[str, str, str, str]]:
+    """The MCP and parallel-call rows of the table."""
+    together, apart = parallel_greps(workspace)
+    wall = parallel_mcp(workspace)
+    with_mcp, without = mcp_startup(workspace)
+    overhead, own = mcp_overhead(workspace)
+    return [
+        ("4 Greps of ~0.5 s in one reply", f"{together * 1000:.0f} ms", f"{apart * 1000:.0f} ms apart",
+         f"{together / apart * 100:.0f}% (target <= 75%)"),
+        ("4 MCP calls of 1 s in one reply", f"{wall * 1000:.0f} ms", "1000 ms slowest", f"{wall:.2f}x (target <= 1.5x)"),
+        ("start-up with one MCP server", f"{with_mcp * 1000:.0f} ms", f"{without * 1000:.0f} ms none",
+         f"+{(with_mcp - without) * 1000:.0f} ms"),
+        ("MCP call over the server's time", f"{overhead * 1000:.2f} ms", f"{own * 1000:.2f} ms own",
+         "median (target <= 2 ms)"),
+    ]
+
+
+def print_rows(rows: list[tuple[str, str, str, str]]) -> None:
+    print(f"{'measure':36} {'solo':>12} {'floor':>16}  verdict")
+    for name, value, floor, verdict in rows:
+        print(f"{name:36} {value:>12} {floor:>16}  {verdict}")
+
+
 def main() -> None:
     """Run every benchmark and print the table."""
     subprocess.run([str(PROGRAM), "--version"], check=True, stdout=subprocess.DEVNULL)  # set-up outside timings
+    if MCP_ONLY:
+        with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
+            print_rows(mcp_rows(Path(tmp)))
+        return
     with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
         workspace = Path(tmp)
         sandbox = sandbox_cost(workspace)
+        mcp = mcp_rows(workspace)
         start_agent, start_floor = startup(workspace)
         turns, largest = per_turn(workspace)
         delay = chunk_to_stdout(workspace)
@@ -255,9 +376,7 @@ def main() -> None:
           f"+{(sandbox[1] - sandbox[0]) * 1000:.2f} ms set-up (target <= 2 ms)") if sandbox else
           ("n/a", "", "this kernel has no Landlock"))),
     ]
-    print(f"{'measure':36} {'solo':>12} {'floor':>14}  verdict")
-    for name, value, floor, verdict in rows:
-        print(f"{name:36} {value:>12} {floor:>14}  {verdict}")
+    print_rows(rows + mcp)
     print("\n400-turn session in a 20,000-token window:")
     for label, result in long.items():
         print(f"  {label}: {result['outcome']!r} after {result['turns']} turns; {result['summaries']} compactions, "
