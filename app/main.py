@@ -1363,6 +1363,8 @@ def check_arguments(tool: Tool, args: dict) -> dict:
             raise ToolError(f"missing input {name}")
     kwargs = {}
     for name, value in args.items():
+        if name not in props and tool.name.startswith("mcp__"):  # a server's schema may allow more: its to judge
+            kwargs[name] = value
         if name not in props or value is None:
             continue
         try:
@@ -1501,7 +1503,13 @@ def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dic
         except (OSError, ValueError, KeyError, TypeError, AssertionError) as error:
             why = one_line(str(error), 120) if str(error) else 'it is not {"mcpServers": {"name": {...}}}'
             raise UsageError(f"cannot use the MCP config {one_line(source, 80)}: {why}") from None
-        servers.update((name, expand_vars(spec, env)) for name, spec in entries.items())
+        for name, spec in entries.items():
+            kinds = {"command": str, "args": list, "env": dict, "url": str, "headers": dict, "type": str}
+            wrong = [key for key, kind in kinds.items() if key in spec and not isinstance(spec[key], kind)]
+            if wrong:
+                raise UsageError(f"cannot use the MCP config {one_line(source, 80)}: server {name}'s "
+                                 f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not of the right type")
+            servers[name] = expand_vars(spec, env)
     return tuple(servers.items())
 
 
@@ -1512,13 +1520,15 @@ class McpServer:
     def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
                  sandbox: Sandbox | None = None):
         self.name, self.spec, self.cwd, self.env, self.emit, self.sandbox = name, spec, cwd, env, emit, sandbox
-        self.state, self.tools, self.proc, self.closed = "starting", [], None, False
+        self.state, self.error, self.tools, self.proc, self.closed = "starting", "", [], None, False
         self.lock, self.writing, self.pending, self.ids = threading.Lock(), threading.Lock(), {}, itertools.count(1)
         self.timeout = 10.0
         self.headers = {"Accept": "application/json, text/event-stream", **(spec.get("headers") or {})}
 
     def start(self, timeout: float) -> None:
-        """Start the server, shake hands and list its tools; any failure is kept in `state`, never raised."""
+        """Start the server, shake hands and list its tools, all within `timeout`; any failure is kept in
+        `state` and `error`, never raised."""
+        deadline = time.monotonic() + timeout
         try:
             if self.spec.get("type", "stdio") == "stdio":
                 self.spawn()
@@ -1526,17 +1536,19 @@ class McpServer:
                 raise McpError(f"type {self.spec.get('type')!r} is not supported (stdio or http with a url)")
             hello = self.request("initialize", {"protocolVersion": MCP_PROTOCOL, "capabilities": {"roots": {}},
                                                 "clientInfo": {"name": APP_TITLE, "version": VERSION}}, timeout)
+            if not isinstance(hello.get("protocolVersion", ""), str):
+                raise McpError("its answer to initialize is not of the protocol")
             self.headers["MCP-Protocol-Version"] = str(hello.get("protocolVersion") or MCP_PROTOCOL)
             self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             cursor, tools = None, []
             while True:
-                page = self.request("tools/list", {"cursor": cursor} if cursor else {}, timeout)
+                page = self.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
                 tools += [t for t in page.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
                 if not (cursor := page.get("nextCursor")):
                     break
             self.tools, self.state = tools, "connected"
         except (McpError, OSError, requests.RequestException, ValueError) as error:
-            self.state = f"failed: {one_line(str(error), 160)}"
+            self.state, self.error = "failed", one_line(str(error), 160)
             self.stop()
 
     def spawn(self) -> None:
@@ -1557,7 +1569,8 @@ class McpServer:
         for line in self.proc.stdout:
             with contextlib.suppress(ValueError, AttributeError, TypeError, OSError):
                 self.take(json.loads(line))
-        self.state = "failed: the server exited" if self.state == "connected" else self.state
+        if self.state == "connected":
+            self.state, self.error = "failed", "the server exited"
         for slot in list(self.pending.values()):
             slot.set()
 
@@ -1605,8 +1618,10 @@ class McpServer:
 
     def request(self, method: str, params: dict, timeout: float) -> dict:
         """A request's result; McpError for an error answer, a dead server or no answer in time."""
-        if self.state.startswith("failed") or self.closed:
+        if self.state == "failed" or self.closed:
             raise McpError(f"MCP server {self.name} is not running")
+        if timeout <= 0:
+            raise McpError(f"MCP server {self.name} did not finish {method} in time")
         slot, number = threading.Event(), next(self.ids)
         slot.message, self.pending[number], self.timeout = None, slot, timeout
         try:
@@ -1632,7 +1647,8 @@ class McpServer:
             kind = part.get("type") if isinstance(part, dict) else None
             resource = part.get("resource") or {} if kind == "resource" else {}
             if kind == "text" or "text" in resource:
-                parts.append(str(part.get("text") or resource.get("text")))
+                text = part.get("text") if kind == "text" else resource.get("text")
+                parts.append("" if text is None else str(text))
             elif kind:
                 what = part.get("mimeType") or resource.get("mimeType") or part.get("uri") or resource.get("uri") or ""
                 size = len(part.get("data") or resource.get("blob") or "")
@@ -1649,17 +1665,14 @@ class McpServer:
         """End the server: its whole process group, or nothing when it never started."""
         with self.lock:
             self.closed, proc = True, self.proc
-        if proc and proc.poll() is None:
+        if proc:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
             signal_group(proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(1)
-            except subprocess.TimeoutExpired:
-                signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-        elif proc:
-            signal_group(proc.pid, signal.SIGKILL)  # children it left behind
+            signal_group(proc.pid, signal.SIGKILL)  # what is left of the group: a child that ignored SIGTERM
+            proc.wait()
 
 
 def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> Tool:
@@ -1672,8 +1685,12 @@ def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> 
         name = f"{name[:60]}_{n}"
     taken.add(name)
     schema = dict(tool.get("inputSchema") if isinstance(tool.get("inputSchema"), dict) else {})
-    schema.update(type="object", properties=schema.get("properties") or {}, required=schema.get("required") or [])
-    read_only = bool((tool.get("annotations") or {}).get("readOnlyHint"))
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    schema.update(type="object", properties={k: v for k, v in properties.items() if isinstance(v, dict)},
+                  required=[r for r in required if isinstance(r, str)])
+    annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
+    read_only = annotations.get("readOnlyHint") is True
     return Tool(name, str(tool.get("description") or tool.get("title") or tool["name"])[:1024], schema,
                 lambda ctx, **args: server.call(tool["name"], args, timeout), asks=not read_only, read_only=read_only)
 
@@ -1694,7 +1711,7 @@ def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None],
         raise
     for server in servers:
         if server.state != "connected":
-            emit({"type": "notice", "text": f"MCP server {server.name} {server.state}; going on without it"})
+            emit({"type": "notice", "text": f"MCP server {server.name} failed: {server.error}; going on without it"})
     return servers
 
 
@@ -3038,6 +3055,8 @@ class Reporter:
             self.end_line()
         elif kind == "notice":
             self.say(event["text"])
+        elif kind == "mcp_log" and self.cfg.verbose:
+            self.say(f"MCP server {event['server']}: {event['text']}")
         elif kind == "compact_boundary":
             self.say(f"compacted the conversation ({event['trigger']}): {event['tokens_before']} -> "
                      f"{event['tokens_after']} tokens")
@@ -3335,7 +3354,8 @@ class Session:
         elif word == "/mcp":
             for server in self.agent.servers or []:
                 count = sum(name.startswith(f"mcp__{server.name}__") for name in self.agent.tools)
-                self.reporter.say(f"{server.name}: {server.state}, {count} tools")
+                why = f" ({server.error})" if server.error else ""
+                self.reporter.say(f"{server.name}: {server.state}{why}, {count} tools")
             if not self.agent.servers:
                 self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/sessions":
