@@ -50,9 +50,10 @@ def pieces(text: str, size: int) -> list[str]:
     return [text[i: i + size] for i in range(0, len(text), size)]
 
 
-def streamed(response: dict) -> Stream:
-    """A response (or an error body) as OpenRouter streams it: the role first, the text in small pieces,
-    each tool call's id and name then its arguments in fragments, the finish reason, the usage, [DONE]."""
+def streamed(response: dict, size: int = 7) -> Stream:
+    """A response (or an error body) as OpenRouter streams it: the role first, the text in pieces of `size`
+    characters, each tool call's id and name then its arguments in fragments, the finish reason, the usage,
+    [DONE]."""
     if not response.get("choices"):
         return Stream([response, "data: [DONE]\n\n"])
     base = {k: response[k] for k in ("id", "created", "model", "provider") if k in response}
@@ -63,7 +64,7 @@ def streamed(response: dict) -> Stream:
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "native_finish_reason": None}]}
 
     events = [chunk({"role": "assistant", "content": ""})]
-    events += [chunk({"content": piece}) for piece in pieces(message.pop("content", None) or "", 7)]
+    events += [chunk({"content": piece}) for piece in pieces(message.pop("content", None) or "", size)]
     for index, call in enumerate(message.pop("tool_calls", None) or []):
         function = call["function"]
         events.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",

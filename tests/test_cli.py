@@ -14,7 +14,7 @@ import pytest
 
 from app import main as agent
 from tests.conftest import PROGRAM
-from tests.fake_openrouter import call, last_result, reply, tool_then
+from tests.fake_openrouter import call, last_result, reply, streamed, tool_then
 
 
 def tool_then_answer(body):
@@ -219,7 +219,7 @@ def test_api_key_is_redacted_from_errors(tmp_path, monkeypatch):
 
 
 def test_a_reader_that_leaves_early_gets_no_noise(serve, workspace):
-    server = serve(lambda body: reply("y" * 2_000_000))
+    server = serve(lambda body: streamed(reply("y" * 2_000_000), size=10_000))  # 7-character pieces take long
     proc = subprocess.run(f"'{PROGRAM}' -p hi | head -c 5", shell=True, cwd=workspace, env=program_env(server),
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert proc.stdout == "yyyyy" and proc.stderr == ""
