@@ -1405,6 +1405,8 @@ DENIED_PREFIX = "Error: permission denied: "  # a call the permission mode or th
 
 class Denied(str):
     """The result of a call that was not allowed to run (not merely text that says so)."""
+
+
 SEARCHES = ("Grep", "Glob")  # CPU-bound Python: run at once, they need processes, not threads
 BATCH = 10  # read-only calls run at once at most
 
