@@ -1200,24 +1200,32 @@ def instruction_files(cwd: Path, home: Path | None) -> list[tuple[Path, Path]]:
     return list(unique.values())
 
 
-def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path, ...], within: Path) -> str:
+def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path, ...], within: Path,
+                   room: list[int] | None = None) -> str:
     """Instructions with each @path (relative to their file, ~/ or absolute) replaced by that file's text, up to
     5 levels deep; not inside code spans or fenced blocks. Outside `within` only Markdown and text files are
-    taken, so a cloned project cannot pull ~/.ssh/id_rsa into the prompt. A file not taken leaves a note."""
+    taken, so a cloned project cannot pull ~/.ssh/id_rsa into the prompt. A file not taken leaves a note. Imports
+    stop once they hold INSTRUCTIONS_LIMIT characters (`room`, shared by a file's imports), so files that import
+    each other many times over cannot hang the start."""
+    room = [INSTRUCTIONS_LIMIT] if room is None else room
+
     def imported(match: re.Match) -> str:
         if match.group(1):  # a code span: kept as it is
             return match.group(0)
         name = match.group(2)
         path = Path(os.path.realpath(home / name[2:] if name.startswith("~/") and home else folder / name))
         elsewhere = not path.is_relative_to(os.path.realpath(within)) and path.suffix.lower() not in TEXT_SUFFIXES
-        if path in seen or len(seen) > IMPORT_DEPTH or elsewhere:
+        if path in seen or len(seen) > IMPORT_DEPTH or elsewhere or room[0] <= 0:
             why = "it imports itself" if path in seen else "imports nest too deep" if len(seen) > IMPORT_DEPTH \
-                else f"only Markdown or text files are taken from outside {within}"
+                else f"only Markdown or text files are taken from outside {within}" if elsewhere \
+                else f"the instructions passed {INSTRUCTIONS_LIMIT} bytes"
             return f"[@{name}: not imported, {why}]"
         try:
-            return expand_imports(read_small(path), path.parent, home, (*seen, path), within)
+            text = read_small(path)
         except OSError:
             return f"[@{name}: not found]"
+        room[0] -= len(text) + len(name)  # the name too: empty files imported over and over add up
+        return expand_imports(text, path.parent, home, (*seen, path), within, room)
     out, fenced = [], False
     for line in text.splitlines(keepends=True):
         fence = line.lstrip().startswith(("```", "~~~"))

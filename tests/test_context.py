@@ -194,6 +194,19 @@ def test_an_import_of_a_fifo_does_not_hang_the_start(serve, run, workspace):
     assert "Rules." in system_of(server.bodies[0])
 
 
+def test_imports_that_fan_out_do_not_hang_the_start(serve, run, workspace):
+    """A cloned project's few small files, each importing the next twenty times, would expand 20^5 times."""
+    files(workspace, {"CLAUDE.md": "Rules.\n" + "@l1.md\n" * 20,
+                      **{f"l{n}.md": f"L{n}\n" + f"@l{n + 1}.md\n" * 20 for n in range(1, 5)}, "l5.md": "X" * 100})
+    server = serve(lambda body: reply("ok"))
+    started = time.monotonic()
+    result = run(["-p", "hi"], cwd=workspace, base_url=server.url, timeout=30)  # before: minutes, gigabytes
+    assert (result.code, result.stdout) == (0, "ok\n") and time.monotonic() - started < 10
+    system = system_of(server.bodies[0])
+    assert "Rules.\nL1\nL2\nL3\nL4\nXXX" in system and "not imported" in system
+    assert len(system.encode()) < 2 * agent.INSTRUCTIONS_LIMIT
+
+
 # --- The 40 kB cap, the flags ---------------------------------------------------------------------
 
 
