@@ -1553,6 +1553,8 @@ class McpServer:
             cursor, tools = None, []
             while True:
                 page = self.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
+                if not isinstance(page.get("tools") or [], list):
+                    raise McpError("its answer to tools/list is not of the protocol")
                 tools += [t for t in page.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
                 if not (cursor := page.get("nextCursor")):
                     break

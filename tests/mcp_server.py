@@ -33,6 +33,7 @@ Options:
     --stdout-noise      print a line that is not JSON on stdout before anything else
     --odd-tools         tools/list also holds malformed entries (annotations, schema, name of the wrong types)
     --endless-pages     every tools/list page says there is a next one
+    --tools-not-a-list  tools/list answers {"tools": 5}
     --ignore-term       ignore SIGTERM and go on living when stdin ends (only SIGKILL ends it)
 """
 
@@ -70,6 +71,7 @@ def options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--stdout-noise", action="store_true")
     parser.add_argument("--odd-tools", action="store_true")
     parser.add_argument("--endless-pages", action="store_true")
+    parser.add_argument("--tools-not-a-list", action="store_true")
     parser.add_argument("--ignore-term", action="store_true")
     return parser.parse_args(argv)
 
@@ -292,7 +294,7 @@ def serve() -> None:
             page = {"tools": tools[cursor: cursor + size]}
             if cursor + size < len(tools) or OPTS.endless_pages:
                 page["nextCursor"] = str((cursor + size) % len(tools))
-            write({"jsonrpc": "2.0", "id": number, "result": page})
+            write({"jsonrpc": "2.0", "id": number, "result": {"tools": 5} if OPTS.tools_not_a_list else page})
         elif method == "tools/call":
             threading.Thread(target=call, args=(message, received), daemon=True).start()
         elif method == "ping":

@@ -506,6 +506,19 @@ def test_malformed_tool_entries_do_not_break_the_run(serve, run, workspace, pidf
     assert all_gone(server_pids(pids))
 
 
+def test_a_tool_list_that_is_not_a_list_fails_that_server_in_one_line(serve, run, workspace, pidfile):
+    pids = pidfile()
+    config = mcp_config(ok=stdio("--only", "echo"), bad=stdio("--tools-not-a-list", "--pidfile", str(pids)))
+    server = serve(lambda body: reply("answered"))
+    result = run(["-p", "go", "--mcp-config", config], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, "answered\n"), result.stderr
+    assert "Traceback" not in result.stderr  # was: a thread's traceback, then "failed: ;" with no reason
+    assert result.stderr == ("solo: MCP server bad failed: its answer to tools/list is not of the protocol; "
+                             "going on without it\n")
+    assert tool_names(server.bodies[0]) == BUILTINS | {"mcp__ok__echo"}
+    assert all_gone(server_pids(pids))
+
+
 def test_a_server_whose_tool_pages_never_end_does_not_hang_the_start(serve, run, workspace, pidfile):
     pids = pidfile()
     config = mcp_config(ok=stdio("--only", "echo"),
