@@ -2649,11 +2649,11 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
         if compactor and compactor.due(cfg, tokens):
             compactor.compact(cfg, messages, tokens)
         response = request_reply(cfg, messages, specs, model, emit, compactor, tokens)
-        reported = response.get("usage") if isinstance(response.get("usage"), dict) else {}
-        tokens = int(reported.get("prompt_tokens") or 0)
+        before = usage.prompt_tokens
+        usage.add(response.get("usage"), cfg.model)
+        tokens = usage.prompt_tokens - before  # as the totals count it: 0 when the server sent no number
         if isinstance(messages, Conversation):
             messages.tokens = tokens
-        usage.add(response.get("usage"), cfg.model)
         cost = spent(cfg, usage, info, emit) if cfg.max_cost is not None else 0.0  # unenforceable: before any tool
         choice = first_choice(response)
         message = assistant_message(choice["message"], turn, seen_ids)

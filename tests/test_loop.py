@@ -155,3 +155,14 @@ def test_blank_lines_around_the_answer_are_dropped_but_indentation_kept(tmp_path
     outcome, messages, *_ = run(scripted(reply("\n\n  indented\nanswer\n\n")), tmp_path)
     assert outcome.answer == "  indented\nanswer"
     assert messages[-1]["content"] == "\n\n  indented\nanswer\n\n"  # the conversation keeps it as it came
+
+
+@pytest.mark.parametrize("tokens", ["lots", float("inf"), [100], None])
+def test_a_usage_that_is_not_a_number_is_no_crash(tmp_path, tokens):
+    """usage.prompt_tokens comes from the server: "lots", 1e400 (inf) or a list once ended the run as an
+    internal error, while the usage totals already ignored it."""
+    odd = {"prompt_tokens": tokens, "completion_tokens": 5}
+    model = scripted(reply(tool_calls=[call("Bash", {"command": "echo hi"})], usage=odd), reply("done", usage=odd))
+    outcome, messages, events, usage = run(model, tmp_path)
+    assert outcome == agent.Outcome("done", "success", 2)
+    assert usage.requests == 2 and usage.prompt_tokens == 0 and usage.completion_tokens == 10
