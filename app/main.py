@@ -2231,7 +2231,11 @@ def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tup
                 del messages[int(entry["keep"]):]
             elif entry.get("type") == "set":
                 messages[int(entry["index"])] = dict(entry["message"])
-    except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+        for message in messages:  # the tool calls that resuming answers and compaction reads
+            if not all(isinstance(call, dict) and isinstance(call.get("function"), dict)
+                       for call in message.get("tool_calls") or []):
+                raise TypeError(message)
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError, OverflowError):
         raise UsageError(f"{path} is corrupt (a line is not a message or an event of solo's); it was left as is") \
             from None
     return messages, len(data) - len(lines[-1])

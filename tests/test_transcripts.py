@@ -410,6 +410,13 @@ BAD = "0badc0de-0000-4000-8000-000000000001"
     (["-r", BAD], {BAD: transcript_text(BAD, SYSTEM, '{"type": "truncate"}', FIRST)}, ["corrupt"]),
     (["-r", BAD], {BAD: transcript_text(BAD, SYSTEM, '{"type": "set", "index": 7, "message": {}}', FIRST)},
      ["corrupt"]),
+    (["-r", BAD], {BAD: transcript_text(BAD, SYSTEM, FIRST, '{"type": "truncate", "keep": 1e400}')}, ["corrupt"]),
+    (["-r", BAD], {BAD: transcript_text(BAD, SYSTEM, FIRST, '{"role": "assistant", "tool_calls": "abc"}')},
+     ["corrupt"]),
+    (["-r", BAD], {BAD: transcript_text(BAD, SYSTEM, FIRST, '{"role": "assistant", "tool_calls": [5]}')},
+     ["corrupt"]),
+    (["-r", BAD], {BAD: transcript_text(BAD, SYSTEM, FIRST, '{"role": "assistant", "tool_calls": [{"id": "a"}]}')},
+     ["corrupt"]),
     (["-r", BAD], {BAD: SYSTEM + "\n" + FIRST + "\n"}, ["not a solo transcript"]),
     (["-r", BAD], {BAD: ""}, ["not a solo transcript"]),
     (["--session-id", "not-a-uuid"], {}, ["--session-id", "UUID"]),
@@ -419,7 +426,8 @@ BAD = "0badc0de-0000-4000-8000-000000000001"
     (["-r"], {}, ["terminal", "id"]),
 ], ids=["unknown id", "unknown prefix", "ambiguous prefix", "ambiguous long prefix", "newer format",
         "corrupt middle line", "torn middle line", "empty middle line", "number line", "null line", "list line",
-        "string line", "truncate without keep", "set out of range", "no header", "empty file", "session id not a uuid",
+        "string line", "truncate without keep", "set out of range", "truncate to infinity", "tool calls a string",
+        "a tool call a number", "a tool call without a function", "no header", "empty file", "session id not a uuid",
         "session id cut short", "session id taken", "continue with a session id", "resume picker without a terminal"])
 def test_bad_input_is_one_line_exit_2_nothing_sent_nothing_changed(serve, run, workspace, tmp_path, args, files,
                                                                    fragments):
