@@ -2177,7 +2177,7 @@ class Transcript:
     """A conversation's JSON-lines file, locked to this process: a header, then each message as it was
     sent and each event that changed the conversation, written as they happen; no API key reaches it."""
 
-    def __init__(self, path: Path, api_key: str):
+    def __init__(self, path: Path, api_key: str, warn: Callable[[str], None] = lambda text: None):
         private_folder(path.parent)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
@@ -2187,16 +2187,24 @@ class Transcript:
             os.close(fd)
             raise UsageError(f"session {path.stem} is open in another solo; use --fork-session to go on from it "
                              "under a new id") from None
-        self.path, self.api_key, self.fd = path, api_key, fd
+        self.path, self.api_key, self.fd, self.warn, self.failed = path, api_key, fd, warn, False
 
     def close(self) -> None:
         """Let go of the file (and its lock)."""
         os.close(self.fd)
 
     def write(self, entry: dict) -> None:
-        """Append one line; it is in the file (the kernel's) when this returns."""
+        """Append one line; it is in the file (the kernel's) when this returns. A write that fails (a full disk)
+        leaves no part of its line, and the conversation goes on unsaved."""
         line = SECRET_PATTERN.sub("***", redact(json.dumps(entry, ensure_ascii=False), self.api_key))
-        os.write(self.fd, (line + "\n").encode("utf-8", errors="replace"))
+        data = (line + "\n").encode("utf-8", errors="replace")
+        try:
+            if not self.failed and (written := os.write(self.fd, data)) < len(data):
+                os.ftruncate(self.fd, os.fstat(self.fd).st_size - written)
+                raise OSError(f"{written} of {len(data)} bytes were written")
+        except OSError as error:
+            self.failed = True
+            self.warn(f"this session is no longer saved: {error.strerror or error} ({self.path})")
 
     def read(self, warn: Callable[[str], None]) -> list[dict]:
         """The conversation as it last was; an unfinished last line is dropped from the file."""
@@ -2341,7 +2349,7 @@ class Sessions:
         going_on, transcript = resume and path == resume and self.cfg.persist, None
         if path and self.cfg.persist:
             try:
-                transcript = Transcript(path, self.cfg.api_key)
+                transcript = Transcript(path, self.cfg.api_key, warn)
             except OSError as error:
                 if going_on:
                     raise UsageError(f"cannot go on with {path}: {error.strerror or error}") from None

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROGRAM
-from tests.fake_openrouter import Raw, call, reply
+from tests.fake_openrouter import Raw, call, reply, tool_then
 from tests.test_session import PROMPT, Terminal
 from tests.test_skills import fork_model, make_skill, skill_md
 
@@ -476,6 +476,24 @@ def test_a_solo_home_that_cannot_be_written_does_not_stop_the_run(serve, run, wo
     result = run(["-p", "hi"], cwd=workspace, base_url=server.url, env={"SOLO_HOME": str(tmp_path / "a-file" / "solo")})
     assert (result.code, result.stdout) == (0, "still answered\n"), result.stderr
     assert "internal error" not in result.stderr and str(tmp_path / "a-file") in result.stderr  # a warning says so
+
+
+def test_a_disk_that_fills_mid_run_stops_the_saving_not_the_run(serve, run, workspace):
+    """A transcript write that fails (here the file size limit, as a full disk would) once ended the run as an
+    internal error, after a part of the line had been written."""
+    server = serve(tool_then_answer)
+    assert run(["-p", "first"], cwd=workspace, base_url=server.url).code == 0
+    [path] = transcripts(workspace).values()
+    big = "seq 1 5000"  # a tool result of 24 kB: its line passes the limit
+    server.model = tool_then([call("Bash", {"command": big})], "done")
+    proc = subprocess.run(["bash", "-c", 'ulimit -f 8; exec "$0" "$@"', str(PROGRAM), "-c", "-p", "go"],
+                          cwd=workspace, env=program_env(workspace, server.url), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "done\n"), proc.stderr
+    assert proc.stderr.startswith("solo: this session is no longer saved") and proc.stderr.count("\n") == 1
+    assert path.stat().st_size <= 8192 and messages_of(path)[-1]["role"] == "assistant"  # whole lines only
+    resumed = run(["-c", "-p", "again"], cwd=workspace, base_url=server.url)
+    assert resumed.code == 0 and resumed.stderr == "", resumed.stderr
 
 
 @pytest.mark.parametrize("days", ["0", "-3", "a month"])
