@@ -528,16 +528,17 @@ def existing_file(ctx: ToolContext, file_path: str) -> Path:
     return path
 
 
-def read_small(path: Path, limit: int = 1 << 20) -> str:
-    """The text of a regular file of at most `limit` bytes (settings, instructions, skills); OSError for anything
-    else, so a FIFO, a device or a huge file can neither hang nor flood the agent."""
+def read_small(path: Path, limit: int = 1 << 20, head: bool = False) -> str:
+    """The text of a regular file of at most `limit` bytes (settings, instructions, skills), or with `head` its first
+    `limit` bytes; OSError for anything else, so a FIFO, a device or a huge file can neither hang nor flood the
+    agent."""
     with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise OSError(f"{path} is not a regular file")
         data = f.read(limit + 1)
-    if len(data) > limit:
+    if len(data) > limit and not head:
         raise OSError(f"{path} is larger than {limit} bytes")
-    return data.decode("utf-8", errors="replace")
+    return data[:limit].decode("utf-8", errors="replace")
 
 
 class Encoding(NamedTuple):
@@ -1241,7 +1242,7 @@ def project_instructions(cfg: Config, notice: Callable[[str], None]) -> str:
     parts, loaded, cut, room = [], [], [], INSTRUCTIONS_LIMIT
     for path, within in instruction_files(cfg.cwd, cfg.home):
         with contextlib.suppress(OSError):
-            text = expand_imports(read_small(path), path.parent, cfg.home, (path.resolve(),), within).strip()
+            text = expand_imports(read_small(path, head=True), path.parent, cfg.home, (path.resolve(),), within).strip()
             part = f'<instructions file="{path}">\n{text}\n</instructions>'
             room -= 2 * bool(parts)  # the blank line between files counts too
             if len(part.encode()) > room:

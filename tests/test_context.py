@@ -222,6 +222,15 @@ def test_the_cap_holds_the_total_and_names_what_was_cut(tmp_path):
                        f"{tmp_path / 'w' / '.claude' / 'CLAUDE.md'}"]
 
 
+def test_a_file_over_a_megabyte_is_cut_like_any_other_not_dropped_unsaid(tmp_path):
+    files(tmp_path, {"w/CLAUDE.md": "FIRST-RULE\n" + "W" * 1_100_000})
+    notices: list[str] = []
+    cfg = agent.Config(api_key="k", cwd=tmp_path / "w", home=tmp_path / "home")
+    text = agent.project_instructions(cfg, notices.append)
+    assert "FIRST-RULE\n" + "W" * 30_000 in text and len(text.encode()) <= agent.INSTRUCTIONS_LIMIT
+    assert notices == [f"project instructions are limited to 40000 bytes: cut {tmp_path / 'w' / 'CLAUDE.md'}"]
+
+
 def test_the_cap_end_to_end_and_the_flags(serve, run, workspace):
     big, late = workspace / "CLAUDE.md", workspace / ".claude" / "CLAUDE.md"
     files(workspace, {"CLAUDE.md": "B" * 60_000, ".claude/CLAUDE.md": "LATE-RULE"})
