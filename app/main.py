@@ -1542,6 +1542,8 @@ class McpServer:
         deadline = time.monotonic() + timeout
         try:
             if self.spec.get("type", "stdio") == "stdio":
+                if not self.spec.get("command"):
+                    raise McpError("it has no command")
                 self.spawn()
             elif self.spec.get("type") not in ("http", "streamable-http") or not self.spec.get("url"):
                 raise McpError(f"type {self.spec.get('type')!r} is not supported (stdio or http with a url)")
@@ -1567,7 +1569,7 @@ class McpServer:
     def spawn(self) -> None:
         """The server's process, its output read by a thread, its stderr kept off the terminal."""
         env = {**self.env, **{k: str(v) for k, v in (self.spec.get("env") or {}).items()}}
-        command = [str(self.spec.get("command") or ""), *map(str, self.spec.get("args") or [])]
+        command = [self.spec["command"], *map(str, self.spec.get("args") or [])]
         with self.lock:  # stop() waits for a start under way, so a server is never left behind
             if self.closed:
                 raise McpError("stopped")

@@ -381,6 +381,8 @@ FAILING = {
     "unsupported type": lambda ws, pids: {"type": "sse", "url": "http://127.0.0.1:9/sse"},
     "http refused": lambda ws, pids: {"type": "http", "url": "http://127.0.0.1:9/mcp"},
 }
+SAYS = {"missing command": "No such file", "no command": "it has no command", "slow initialize": "did not answer",
+        "unsupported type": "is not supported", "http refused": "127.0.0.1"}  # each warning says why
 
 
 @pytest.mark.parametrize("case", FAILING)
@@ -393,6 +395,7 @@ def test_a_server_that_fails_to_start_is_one_warning_and_the_run_goes_on(serve, 
     assert result.code == 0 and json.loads(result.stdout) == ["echo: fine"], result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("solo: MCP server bad "), result.stderr
+    assert SAYS.get(case, "failed: ") in lines[0]
     assert tool_names(server.bodies[0]) == BUILTINS | {"mcp__ok__echo"}
     assert time.monotonic() - started < 30  # a slow server is given up after MCP_TIMEOUT, not waited for
     if pids.exists():
