@@ -200,7 +200,7 @@ def long_session(workspace: Path, turns: int = 400, window: int = 20_000) -> dic
         with FakeOpenRouter(model, validate=False) as server:
             proc = subprocess.run([str(PROGRAM), "-p", "read every note"], cwd=workspace, capture_output=True, text=True,
                                   env={**env_for(server, workspace), **extra}, stdin=subprocess.DEVNULL)
-        outcome = proc.stdout.strip() or f"failed ({proc.stderr.strip().splitlines()[-1][:60]})"
+        outcome = proc.stdout.strip() or f"failed ({proc.stderr.strip().splitlines()[-1][:110]})"
         results[label] = {**done, "outcome": outcome}
     return results
 
