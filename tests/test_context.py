@@ -14,7 +14,8 @@ import pytest
 
 from app import main as agent
 from tests.fake_openrouter import Raw, call, reply
-from tests.test_session import PROMPT, terminal, user_turns  # noqa: F401 (terminal is a fixture)
+from tests.conftest import PROMPT
+from tests.test_session import user_turns
 
 MODEL_ID = agent.DEFAULT_MODEL
 ASK = 'Find the marker in notes.txt;\nsay it `exactly`: "quoted" & <tagged> \u2014 then stop.'  # kept word for word
@@ -425,7 +426,6 @@ def test_a_conversation_past_the_threshold_is_compacted_before_the_next_turn(tmp
     """A session runs the loop once per prompt: the last turn's usage must still count at the next one."""
     model = recorded(lambda body: reply(SUMMARY) if is_summary(body) else reply("answer", usage=usage(17_000)))
     events: list = []
-    cfg = agent.Config(api_key="k", cwd=tmp_path, context_window=20_000)
     compactor = agent.Compactor(model, lambda name: {}, events.append)
     messages = agent.Conversation([{"role": "system", "content": "s"}, {"role": "user", "content": "first"}])
     loop(tmp_path, model, messages, events, context_window=20_000, compactor=compactor)

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from app import main as agent
-from tests.conftest import PROGRAM
+from tests.conftest import PROGRAM, PROMPT
 from tests.fake_openrouter import call, last_result, reply, tool_then
-from tests.test_session import PROMPT, terminal  # noqa: F401  (terminal is a fixture)
 
 SERVER = Path(__file__).resolve().with_name("mcp_server.py")
 TIME_SERVER = Path(sys.executable).parent / "mcp-server-time"  # installed by the test extra into .venv/bin

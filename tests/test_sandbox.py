@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import io
 import json
 import os
-import pty
 import re
 import shutil
 import socket
 import subprocess
 import tempfile
-import termios
 import threading
 import time
 from collections.abc import Callable
@@ -30,9 +27,8 @@ from pathlib import Path
 import pytest
 
 from app import main as agent
-from tests.conftest import PROGRAM
 from tests.fake_openrouter import call, last_result, reply, tool_then
-from tests.test_session import PROMPT, Terminal
+from tests.conftest import PROMPT
 
 LOOKALIKE = "workspace-\u0430pple-1"  # a Cyrillic a: reads as the workspace's own name
 
@@ -667,48 +663,15 @@ def test_a_result_that_only_looks_like_a_denial_is_not_one(serve, run, workspace
     assert json.loads(result.stdout)["permission_denials"] == []
 
 
-class Session(Terminal):
-    """test_session's Terminal, started with options."""
-
-    def __init__(self, cwd, env, args):
-        master, slave = pty.openpty()
-
-        def own_terminal() -> None:
-            os.setsid()
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-        self.proc = subprocess.Popen([str(PROGRAM), *args], cwd=cwd, env=env, stdin=slave, stdout=slave,
-                                     stderr=slave, preexec_fn=own_terminal, close_fds=True)
-        os.close(slave)
-        self.master, self.seen, self.transcript = master, "", ""
-
-
-@pytest.fixture
-def session(workspace):
-    started = []
-
-    def start(server, *args) -> Session:
-        env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "TERM": "dumb"}
-        started.append(Session(workspace, env, args))
-        started[-1].expect("> ")
-        return started[-1]
-
-    yield start
-    for term in started:
-        if term.proc.poll() is None:
-            term.proc.kill()
-            term.proc.wait()
-
-
 EDITS = [call("Write", {"file_path": "w.txt", "content": "x\n"}, id="w1"),
          call("Edit", {"file_path": "e.txt", "old_string": "old", "new_string": "new"}, id="e1"),
          bash("touch made", "b1")]
 
 
-def test_accept_edits_asks_only_for_bash_and_a_no_is_only_the_models_error(serve, session, workspace):
+def test_accept_edits_asks_only_for_bash_and_a_no_is_only_the_models_error(serve, terminal, workspace):
     (workspace / "e.txt").write_text("old\n")
     server = serve(tool_then(EDITS, lambda body: "after: " + last_result(body)))
-    term = session(server, "--permission-mode", "acceptEdits")
+    term = terminal(server, "--permission-mode", "acceptEdits")
     term.send("change things\r")
     shown = term.expect(r"Allow Bash\? \[y/n/a\] ")
     assert "Allow Write" not in shown and "Allow Edit" not in shown
@@ -725,10 +688,10 @@ def test_accept_edits_asks_only_for_bash_and_a_no_is_only_the_models_error(serve
 
 
 @pytest.mark.parametrize("flags", [["--permission-mode", "bypassPermissions"], ["--yes"], ["-y"]])
-def test_bypass_asks_nothing(serve, session, workspace, flags):
+def test_bypass_asks_nothing(serve, terminal, workspace, flags):
     (workspace / "e.txt").write_text("old\n")
     server = serve(tool_then(EDITS, "all done"))
-    term = session(server, *flags)
+    term = terminal(server, *flags)
     term.ask("change things", "all done")
     assert "Allow" not in term.transcript
     assert (workspace / "made").exists() and (workspace / "e.txt").read_text() == "new\n"
@@ -736,14 +699,14 @@ def test_bypass_asks_nothing(serve, session, workspace, flags):
     assert term.wait() == 0
 
 
-def test_mode_command_switches_to_plan_and_back(serve, session, workspace):
+def test_mode_command_switches_to_plan_and_back(serve, terminal, workspace):
     def model(body):
         if body["messages"][-1]["role"] == "user":
             return reply(tool_calls=[call("Write", {"file_path": "w.txt", "content": "x"}, id=f"w{len(server.bodies)}")])
         return reply("said: " + last_result(body))
 
     server = serve(model)
-    term = session(server)
+    term = terminal(server)
     term.ask("/mode", "permission mode: default")
     term.ask("/mode plan", "permission mode: plan")
     term.ask("plan it", "said: Error: permission denied: plan mode lets only read-only tools run, not Write")

@@ -2,86 +2,14 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
-import re
-import select
-import subprocess
-import termios
 import threading
 import time
 
 import pytest
 
-from tests.conftest import PROGRAM
+from tests.conftest import PROMPT
 from tests.fake_openrouter import Stream, call, last_result, reply, tool_then
-
-
-PROMPT = r"(?:^|\n)> "  # the session's prompt at the start of a line ("-> ok" in a tool line is not it)
-
-
-class Terminal:
-    """The program on a pty that is its controlling terminal, so Ctrl-C and Ctrl-D work as typed."""
-
-    def __init__(self, cwd, env, stdout=None):
-        master, slave = pty.openpty()
-
-        def own_terminal() -> None:
-            os.setsid()
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-        self.proc = subprocess.Popen([str(PROGRAM)], cwd=cwd, env=env, stdin=slave, stdout=stdout or slave,
-                                     stderr=slave, preexec_fn=own_terminal, close_fds=True)
-        os.close(slave)
-        self.master, self.seen, self.transcript = master, "", ""
-
-    def expect(self, pattern: str, timeout: float = 15) -> str:
-        """Read until the pattern shows; return everything read up to and including it."""
-        deadline = time.monotonic() + timeout
-        while not (match := re.search(pattern, self.seen)):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.master], [], [], left)[0]:
-                raise AssertionError(f"{pattern!r} never showed; screen:\n{self.seen}\nwhole transcript: {self.transcript[-2000:]!r}")
-            try:
-                chunk = os.read(self.master, 4096).decode(errors="replace")
-                self.seen += chunk
-                self.transcript += chunk
-            except OSError:
-                raise AssertionError(f"{pattern!r} never showed before exit; screen:\n{self.seen}") from None
-        done, self.seen = self.seen[: match.end()], self.seen[match.end():]
-        return done
-
-    def send(self, text: str) -> None:
-        os.write(self.master, text.encode())
-
-    def ask(self, line: str, answer: str) -> None:
-        """Type a line, wait for the answer and the next prompt."""
-        self.send(line + "\r")
-        self.expect(answer)
-        self.expect(PROMPT)
-
-    def wait(self, timeout: float = 10) -> int:
-        code = self.proc.wait(timeout)
-        os.close(self.master)
-        return code
-
-
-@pytest.fixture
-def terminal(workspace):
-    terminals = []
-
-    def start(server, stdout=None) -> Terminal:
-        env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "TERM": "dumb"}
-        terminals.append(Terminal(workspace, env, stdout))
-        terminals[-1].expect("> ")  # the session is up and waiting
-        return terminals[-1]
-
-    yield start
-    for t in terminals:
-        if t.proc.poll() is None:
-            t.proc.kill()
-            t.proc.wait()
 
 
 def user_turns(body) -> list[str]:

@@ -9,14 +9,11 @@ Every run here is ./your_program.sh against the fake OpenRouter. `run()` gives e
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import pty
 import re
 import signal
 import subprocess
-import termios
 import time
 from pathlib import Path
 
@@ -24,7 +21,7 @@ import pytest
 
 from tests.conftest import PROGRAM
 from tests.fake_openrouter import Raw, call, reply, tool_then
-from tests.test_session import PROMPT, Terminal
+from tests.conftest import PROMPT, Terminal
 from tests.test_skills import fork_model, make_skill, skill_md
 
 KEY = "sk-test-secret-123"  # the key run() gives every run
@@ -607,17 +604,7 @@ class Session(Terminal):
     """The program on a pty with options, with run()'s HOME for its cwd, so both see the same transcripts."""
 
     def __init__(self, cwd: Path, base_url: str, args: list[str] = ()):
-        master, slave = pty.openpty()
-
-        def own_terminal() -> None:
-            os.setsid()
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-        env = {**program_env(cwd, base_url), "TERM": "dumb"}
-        self.proc = subprocess.Popen([str(PROGRAM), *args], cwd=cwd, env=env, stdin=slave, stdout=slave,
-                                     stderr=slave, preexec_fn=own_terminal, close_fds=True)
-        os.close(slave)
-        self.master, self.seen, self.transcript = master, "", ""
+        super().__init__(cwd, {**program_env(cwd, base_url), "TERM": "dumb"}, args=args)
 
 
 @pytest.fixture
