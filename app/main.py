@@ -2902,6 +2902,17 @@ def env_number(env: dict[str, str], name: str, default: float) -> float:
     return value
 
 
+def api_base_url(env: dict[str, str]) -> str:
+    """The API's base URL; UsageError when it is not an http(s) URL."""
+    import urllib.parse  # already loaded by requests: free
+    url = env.get("OPENROUTER_BASE_URL", "").strip() or DEFAULT_BASE_URL
+    try:
+        assert urllib.parse.urlsplit(url).scheme in ("http", "https") and urllib.parse.urlsplit(url).hostname
+    except (ValueError, AssertionError):
+        raise UsageError(f"OPENROUTER_BASE_URL is not an http(s) URL: {url!r}") from None
+    return url
+
+
 def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Config:
     """The run's Config from the options and the environment."""
     api_key = env.get("OPENROUTER_API_KEY", "").strip()
@@ -2920,14 +2931,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
             raise UsageError(f"--add-dir {folder}: {why}")
     if args.yes and args.permission_mode not in (None, "bypassPermissions"):
         raise UsageError(f"--yes means --permission-mode bypassPermissions, not {args.permission_mode}")
-    base_url = env.get("OPENROUTER_BASE_URL", "").strip() or DEFAULT_BASE_URL
-    try:
-        import urllib.parse
-        assert urllib.parse.urlsplit(base_url).scheme in ("http", "https") and urllib.parse.urlsplit(base_url).hostname
-    except (ValueError, AssertionError):
-        raise UsageError(f"OPENROUTER_BASE_URL is not an http(s) URL: {base_url!r}") from None
     return Config(
-        api_key=api_key, cwd=cwd, base_url=base_url,
+        api_key=api_key, cwd=cwd, base_url=api_base_url(env),
         model=args.model or env.get("OPENROUTER_MODEL", "").strip() or DEFAULT_MODEL,
         max_turns=args.max_turns, max_cost=args.max_cost,
         connect_timeout=args.connect_timeout or env_number(env, "SOLO_CONNECT_TIMEOUT", 10.0),
@@ -3390,22 +3395,26 @@ class Session:
             for path in itertools.islice(sessions.recent(), 10):
                 self.reporter.say(("* " if path.stem == self.agent.cfg.session_id else "  ") + sessions.describe(path))
         elif word == "/resume":
-            path = pick_session(Sessions(self.agent.cfg), self.reporter.say, lambda q: self.read_line(q, history=False))
-            current = self.agent.cfg.session_id
-            if path.stem == current:
-                raise UsageError("that is this session")
-            self.agent.use_session(path.stem)
-            try:
-                self.messages = self.agent.conversation(path)
-            except BaseException:  # the current session goes on as it was
-                self.agent.use_session(current)
-                raise
-            if messages.transcript:
-                messages.transcript.close()
-            self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
+            self.resume_picked()
         else:
             return False
         return True
+
+    def resume_picked(self) -> None:
+        """Go on with a session the user picks; on any failure the current one goes on as it was."""
+        path = pick_session(Sessions(self.agent.cfg), self.reporter.say, lambda q: self.read_line(q, history=False))
+        current, messages = self.agent.cfg.session_id, self.messages
+        if path.stem == current:
+            raise UsageError("that is this session")
+        self.agent.use_session(path.stem)
+        try:
+            self.messages = self.agent.conversation(path)
+        except BaseException:
+            self.agent.use_session(current)
+            raise
+        if messages.transcript:
+            messages.transcript.close()
+        self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
 
     def run(self) -> int:
         """The session, its MCP servers ended whatever way it ends."""
