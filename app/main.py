@@ -1769,18 +1769,21 @@ OPENAI_FIELDS = {"system": {"role", "content", "name"}, "developer": {"role", "c
                  "assistant": {"role", "content", "name", "refusal", "audio", "tool_calls", "function_call"}}
 
 
+def host_of(url: str) -> str:
+    """A URL's host name, lower case."""
+    import urllib.parse  # already loaded by requests: free
+    return (urllib.parse.urlsplit(url).hostname or "").lower()
+
+
 def on_loopback(url: str) -> bool:
     """True for a URL on this machine."""
-    import urllib.parse  # already loaded by requests: free
-    host = (urllib.parse.urlsplit(url).hostname or "").lower()
-    return host in ("localhost", "::1") or host.startswith("127.")
+    return host_of(url) in ("localhost", "::1") or host_of(url).startswith("127.")
 
 
 def strict_api(base_url: str) -> bool:
     """False for OpenRouter and servers on this machine (proxies in front of it, local model servers), which
     take OpenRouter's extra fields; other OpenAI-compatible servers get only the fields of OpenAI's schema."""
-    import urllib.parse
-    host = (urllib.parse.urlsplit(base_url).hostname or "").lower()
+    host = host_of(base_url)
     return not (host == "openrouter.ai" or host.endswith(".openrouter.ai") or on_loopback(base_url))
 
 
@@ -1964,11 +1967,15 @@ def judge(status: int, headers: Any, text: str) -> dict:
         raise api_failure(status, error or body, wait)
     if not isinstance(body, dict):
         raise ApiError("the API sent a reply that is not a JSON object", retryable=True)
-    choice = first_choice(body)
-    if choice.get("finish_reason") == "error":
-        message, _ = error_message(status, choice.get("error") or "the provider failed mid-reply")
-        raise ApiError(f"the provider failed mid-reply: {message}", retryable=True)
+    check_choice(first_choice(body))
     return body
+
+
+def check_choice(choice: dict) -> None:
+    """ApiError (retryable) for a choice that says its provider failed mid-reply."""
+    if choice.get("finish_reason") == "error":
+        message, _ = error_message(200, choice.get("error") or "the provider failed mid-reply")
+        raise ApiError(f"the provider failed mid-reply: {message}", retryable=True)
 
 
 STREAMED_TEXT = {"content", "reasoning", "refusal", "arguments", "text", "summary", "data"}  # sent in pieces
@@ -2054,9 +2061,7 @@ class StreamedReply:
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            if choice.get("finish_reason") == "error":
-                message, _ = error_message(200, choice.get("error") or "the provider failed mid-reply")
-                raise ApiError(f"the provider failed mid-reply: {message}", retryable=True)
+            check_choice(choice)
             delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
             self.seen = True
             merge_delta(self.choice, {k: v for k, v in choice.items() if k not in ("delta", "index")})
