@@ -470,10 +470,8 @@ class Tool(NamedTuple):
 
     def spec(self) -> dict:
         """The entry of the request's `tools` list."""
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
+        function = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": function}
 
 
 def resolve(ctx: ToolContext, file_path: str, *, must_exist: bool = False) -> Path:
@@ -499,19 +497,14 @@ def walk_files(root: Path, errors: list[OSError] | None = None) -> Iterator[Path
 
 def shown(ctx: ToolContext, path: Path) -> str:
     """A path as the model should see it: relative to the working directory when inside it."""
-    try:
-        return str(path.relative_to(ctx.cwd))
-    except ValueError:
-        return str(path)
+    return str(path.relative_to(ctx.cwd) if path.is_relative_to(ctx.cwd) else path)
 
 
 def missing_file(ctx: ToolContext, file_path: str, path: Path) -> ToolError:
     """The error for a path that does not exist, naming close names that do."""
     import difflib  # only on this error path: it costs start-up time
     names = [shown(ctx, p) for p in itertools.islice(walk_files(ctx.cwd), 5_000)]
-    by_name: dict[str, str] = {}
-    for name in names:
-        by_name.setdefault(os.path.basename(name), name)
+    by_name = {os.path.basename(name): name for name in reversed(names)}  # the first path with a name wins
     close = difflib.get_close_matches(shown(ctx, path), names, n=3, cutoff=0.6)
     close += [by_name[n] for n in difflib.get_close_matches(path.name, list(by_name), n=3, cutoff=0.6)]
     hint = f" Did you mean: {', '.join(dict.fromkeys(close))}?" if close else ""
@@ -768,23 +761,18 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     if count == 0:
         raise ToolError(f"old_string was not found in {file_path}; Read the file and copy the text exactly")
     if count > 1 and not replace_all:
-        raise ToolError(
-            f"old_string was found {count} times in {file_path}; add surrounding lines to make it unique, "
-            "or set replace_all to change every one"
-        )
-    updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
-    write_file(path, encoding.encode(updated, file_path), file_path)
-    forget_reads(ctx, path)
+        raise ToolError(f"old_string was found {count} times in {file_path}; add surrounding lines to make it unique, "
+                        "or set replace_all to change every one")
     replaced = count if replace_all else 1
+    write_file(path, encoding.encode(text.replace(old, new, replaced), file_path), file_path)
+    forget_reads(ctx, path)
     return f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}"
 
 
 def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, str]:
     """The environment for commands: secret-looking variables removed unless passed by name."""
     def secret(name: str) -> bool:
-        return name == "OPENROUTER_API_KEY" or (
-            name not in passed and any(word in name.upper() for word in SECRET_WORDS)
-        )
+        return name == "OPENROUTER_API_KEY" or (name not in passed and any(w in name.upper() for w in SECRET_WORDS))
     return {name: value for name, value in env.items() if not secret(name)}
 
 
