@@ -823,13 +823,11 @@ def glob_regex(pattern: str) -> str:
     name, '[...]' classes and '{a,b}' alternatives."""
     out, i = [], 0
     while i < len(pattern):
-        ch = pattern[i]
-        if pattern.startswith("**/", i) or pattern.startswith("**", i):
+        ch, negated = pattern[i], pattern[i + 1: i + 2] in ("!", "^")
+        if pattern.startswith("**", i):
             out.append("(?:.*/)?" if pattern.startswith("**/", i) else ".*")
-            i += 3 if pattern.startswith("**/", i) else 2
-            continue
-        negated = pattern[i + 1: i + 2] in ("!", "^")
-        if ch == "[" and (end := pattern.find("]", i + 2 + negated)) > 0:  # a ']' first in a class is literal
+            i += 1 + pattern.startswith("**/", i)
+        elif ch == "[" and (end := pattern.find("]", i + 2 + negated)) > 0:  # a ']' first in a class is literal
             body = pattern[i + 1 + negated: end].replace("\\", "\\\\").replace("[", "\\[")
             out.append(f"[^{body}/]" if negated else f"[{body}]")  # never a '/', as in a shell
             i = end
@@ -942,8 +940,7 @@ def grep_file(path: Path, regex: re.Pattern, before: int, after: int) -> Iterato
     with f:
         if encoding is None:
             return
-        window: deque = deque(maxlen=before)
-        trailing = 0
+        window, trailing = deque(maxlen=before), 0
         for number, line, hit in match_lines(f, regex):
             if hit:
                 yield from window
@@ -985,11 +982,9 @@ def findings(ctx: ToolContext, files: Iterator[Path], regex: re.Pattern, mode: s
             errors.append(error)
 
 
-def tool_grep(
-    ctx: ToolContext, pattern: str, path: str | None = None, glob: str | None = None,
-    output_mode: str = "files_with_matches", i: bool = False, n: bool = True,
-    A: int = 0, B: int = 0, C: int = 0, head_limit: int | None = None,
-) -> str:
+def tool_grep(ctx: ToolContext, pattern: str, path: str | None = None, glob: str | None = None,
+              output_mode: str = "files_with_matches", i: bool = False, n: bool = True,
+              A: int = 0, B: int = 0, C: int = 0, head_limit: int | None = None) -> str:
     """Search files for a Python regular expression; list files, matching lines or counts."""
     if output_mode not in ("files_with_matches", "content", "count"):
         raise ToolError("output_mode must be files_with_matches, content or count")
@@ -1059,10 +1054,8 @@ def parse_frontmatter(text: str) -> tuple[dict[str, str], str]:
     lines = text.lstrip("\ufeff").splitlines()
     if not lines or lines[0].strip() != "---":
         raise ValueError("it does not start with a '---' frontmatter line")
-    try:
-        end = next(i for i, line in enumerate(lines[1:], start=1) if line.strip() == "---")
-    except StopIteration:
-        raise ValueError("its frontmatter has no closing '---' line") from None
+    if (end := next((i for i, line in enumerate(lines[1:], start=1) if line.strip() == "---"), 0)) == 0:
+        raise ValueError("its frontmatter has no closing '---' line")
     fields: dict[str, str] = {}
     i = 1
     while i < end:
@@ -1088,10 +1081,8 @@ def load_skill(file: Path) -> Skill:
     if not body:
         raise ValueError("its body is empty")
     description = one_line((fields.get("description") or "").strip() or body.splitlines()[0], 1024)
-    return Skill(
-        name=fields.get("name") or file.parent.name, description=description, body=body,
-        folder=file.parent, fork=fields.get("context", "").lower() == "fork",
-    )
+    return Skill(name=fields.get("name") or file.parent.name, description=description, body=body, folder=file.parent,
+                 fork=fields.get("context", "").lower() == "fork")
 
 
 def discover_skills(folders: list[Path], warn: Callable[[str], None]) -> dict[str, Skill]:
@@ -1120,13 +1111,9 @@ def substitute_arguments(body: str, arguments: str) -> str:
         words = shlex.split(arguments)
     except ValueError:
         words = arguments.split()
-
     def value(match: re.Match) -> str:
         index = match.group(1) or match.group(2)
-        if index is None:
-            return arguments
-        return words[int(index)] if int(index) < len(words) else ""
-
+        return arguments if index is None else words[int(index)] if int(index) < len(words) else ""
     if ARGUMENT_PATTERN.search(body):
         return ARGUMENT_PATTERN.sub(value, body)
     return f"{body}\n\nARGUMENTS: {arguments}" if arguments.strip() else body
@@ -1134,11 +1121,9 @@ def substitute_arguments(body: str, arguments: str) -> str:
 
 def render_skill(skill: Skill, arguments: str) -> str:
     """The text the model gets when a skill is invoked: where it lives, then its instructions."""
-    return (
-        f'<skill name="{skill.name}" folder="{skill.folder}">\n'
-        f"Relative paths in these instructions are relative to the skill's folder, {skill.folder}.\n\n"
-        f"{substitute_arguments(skill.body, arguments)}\n</skill>"
-    )
+    return (f'<skill name="{skill.name}" folder="{skill.folder}">\n'
+            f"Relative paths in these instructions are relative to the skill's folder, {skill.folder}.\n\n"
+            f"{substitute_arguments(skill.body, arguments)}\n</skill>")
 
 
 def split_invocation(prompt: str, skills: dict[str, Skill]) -> tuple[list[Skill], str]:
@@ -1158,9 +1143,7 @@ def tool_skill(ctx: ToolContext, name: str, arguments: str = "") -> str:
     if skill is None:
         raise ToolError(f"no skill called {name}; skills: {', '.join(ctx.skills) or 'none'}")
     body = render_skill(skill, arguments)
-    if skill.fork and ctx.fork:
-        return ctx.fork(body)
-    return body
+    return ctx.fork(body) if skill.fork and ctx.fork else body
 
 
 # --- Project instructions -------------------------------------------------------------------------
@@ -1176,10 +1159,10 @@ def instruction_files(cwd: Path, home: Path | None) -> list[tuple[Path, Path]]:
     """~/.claude/CLAUDE.md, then from the repository root down to cwd each folder's CLAUDE.md and
     .claude/CLAUDE.md, or its AGENTS.md when it has no CLAUDE.md; each file once, however it is reached; each with
     the folder its imports must stay in (home for the user's own file, the repository for the project's)."""
-    root = next((p for p in (cwd, *cwd.parents) if (p / ".git").exists()), cwd)
-    depth = len(cwd.relative_to(root).parts)
+    chain = (cwd, *cwd.parents)
+    root = next((p for p in chain if (p / ".git").exists()), cwd)
     found = [(home / ".claude" / "CLAUDE.md", home)] if home else []
-    for folder in [root, *(root.joinpath(*cwd.relative_to(root).parts[:n + 1]) for n in range(depth))]:
+    for folder in reversed(chain[:chain.index(root) + 1]):  # the root first, cwd last
         claude = [p for p in (folder / "CLAUDE.md", folder / ".claude" / "CLAUDE.md") if p.is_file()]
         found += [(path, root) for path in claude or [folder / "AGENTS.md"]]
     unique: dict[Path, tuple[Path, Path]] = {}
