@@ -862,8 +862,8 @@ def glob_matcher(pattern: str, root: Path, *, any_depth: bool) -> tuple[Path, Ca
     return root.joinpath(*fixed), lambda p: regex.match(p.relative_to(root).as_posix()) is not None
 
 
-def newest(ctx: ToolContext, paths: Iterable[Path], limit: int) -> tuple[list[str], int]:
-    """The `limit` most recently changed of some paths, newest first, and how many there were in all."""
+def newest(ctx: ToolContext, paths: Iterable[Path], limit: int) -> list[str]:
+    """The `limit` most recently changed of some paths, newest first, then a note on any more there were."""
     heap: list[tuple[float, str]] = []
     total = 0
     for total, path in enumerate(paths, start=1):
@@ -875,7 +875,8 @@ def newest(ctx: ToolContext, paths: Iterable[Path], limit: int) -> tuple[list[st
             heapq.heappush(heap, item)
         elif item > heap[0]:
             heapq.heapreplace(heap, item)
-    return [shown(ctx, Path(p)) for _, p in sorted(heap, key=lambda item: (-item[0], item[1]))], total
+    listed = [shown(ctx, Path(p)) for _, p in sorted(heap, key=lambda item: (-item[0], item[1]))]
+    return listed + [f"[{total - limit} more files not shown ({total} in all); narrow the search]"] * (total > limit)
 
 
 STOPPED = f"[search stopped after {SEARCH_SECONDS:g} s; narrow the path, glob or pattern]"
@@ -908,13 +909,11 @@ def tool_glob(ctx: ToolContext, pattern: str, path: str | None = None) -> str:
     stopped: list[bool] = []
     found = timed((p for p in walk_files(start, errors) if wanted(p)), stopped)
     try:
-        listed, total = newest(ctx, found, LIST_LIMIT)
+        listed = newest(ctx, found, LIST_LIMIT)
     except OutOfTime:  # the time ran out outside the walk itself: nothing to show
-        listed, total, stopped = [], 0, [True]
+        listed, stopped = [], [True]
     finally:
         found.close()
-    if total > LIST_LIMIT:
-        listed.append(f"[{total - LIST_LIMIT} more files not shown ({total} in all); narrow the search]")
     return "\n".join([*(listed or ["No files found"]), *search_notes(errors, bool(stopped))])
 
 
@@ -1001,21 +1000,19 @@ def tool_grep(ctx: ToolContext, pattern: str, path: str | None = None, glob: str
     hits = timed(findings(ctx, files, regex, output_mode, B or C, A or C, n, errors), stopped)
     try:
         if output_mode == "files_with_matches":
-            found, total = newest(ctx, hits, limit)
-            if total > limit:
-                notes.append(f"[{total - limit} more files not shown ({total} in all); narrow the search]")
+            found = newest(ctx, hits, limit)
         else:
-            for found_count, item in enumerate(hits, start=1):
-                found.append(item)
-                if found_count > limit:
+            for item in hits:
+                if len(found) == limit:
                     notes.append("[more results not shown; narrow the search or raise head_limit]")
                     break
+                found.append(item)
     except OutOfTime:
         stopped.append(True)
     finally:
         hits.close()
     notes += search_notes(errors, bool(stopped))
-    return "\n".join([*found[:limit], *notes] if found else ["No matches found", *notes])
+    return "\n".join([*found, *notes] if found else ["No matches found", *notes])
 
 
 # --- Skills ---------------------------------------------------------------------------------------
