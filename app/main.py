@@ -523,8 +523,7 @@ def existing_file(ctx: ToolContext, file_path: str) -> Path:
 
 def read_small(path: Path, limit: int = 1 << 20, head: bool = False) -> str:
     """The text of a regular file of at most `limit` bytes (settings, instructions, skills), or with `head` its first
-    `limit` bytes; OSError for anything else, so a FIFO, a device or a huge file can neither hang nor flood the
-    agent."""
+    `limit` bytes; OSError for anything else, so a FIFO, a device or a huge file cannot hang or flood the agent."""
     with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise OSError(f"{path} is not a regular file")
@@ -1177,7 +1176,6 @@ def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path,
     stop once they hold INSTRUCTIONS_LIMIT characters (`room`, shared by a file's imports), so files that import
     each other many times over cannot hang the start."""
     room = [INSTRUCTIONS_LIMIT] if room is None else room
-
     def imported(match: re.Match) -> str:
         if match.group(1):  # a code span: kept as it is
             return match.group(0)
