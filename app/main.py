@@ -2896,12 +2896,9 @@ def env_number(env: dict[str, str], name: str, default: float) -> float:
     """A positive number from the environment; UsageError when it is not one."""
     text = env.get(name, "").strip()
     try:
-        value = float(text) if text else default
-    except ValueError:
-        value = -1
-    if not 0 < value < math.inf:
-        raise UsageError(f"{name} must be a number above zero, not {text!r}")
-    return value
+        return positive(float)(text) if text else default
+    except argparse.ArgumentTypeError:
+        raise UsageError(f"{name} must be a number above zero, not {text!r}") from None
 
 
 def api_base_url(env: dict[str, str]) -> str:
@@ -3353,39 +3350,38 @@ class Session:
     def command(self, line: str) -> bool:
         """Handle a /command; False when the line is not one."""
         word, _, rest = line.partition(" ")
-        messages = self.messages
+        messages, agent = self.messages, self.agent
         if word == "/help":
             self.reporter.say(SESSION_HELP)
         elif word == "/clear":
             del messages[1:]
             self.reporter.say("started a new conversation")
         elif word == "/cost":
-            self.reporter.say(self.agent.usage.line())
+            self.reporter.say(agent.usage.line())
         elif word == "/model":
             if rest.strip():
-                self.agent.cfg = self.agent.cfg._replace(model=rest.strip())
-                messages.note({"type": "model", "model": self.agent.cfg.model})
-            self.reporter.say(f"model: {self.agent.cfg.model}")
+                agent.cfg = agent.cfg._replace(model=rest.strip())
+                messages.note({"type": "model", "model": agent.cfg.model})
+            self.reporter.say(f"model: {agent.cfg.model}")
         elif word == "/compact":
-            tokens = estimate_tokens(messages)
-            if not self.agent.compactor.compact(self.agent.cfg, messages, tokens, "manual", rest.strip()):
+            if not agent.compactor.compact(agent.cfg, messages, estimate_tokens(messages), "manual", rest.strip()):
                 self.reporter.say("the conversation was not compacted")
         elif word == "/mode":
             if rest.strip() not in (*PERMISSION_MODES, ""):
                 raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
-            self.agent.cfg = self.agent.cfg._replace(permission_mode=rest.strip() or self.agent.cfg.permission_mode)
-            self.reporter.say(f"permission mode: {self.agent.cfg.permission_mode}")
+            agent.cfg = agent.cfg._replace(permission_mode=rest.strip() or agent.cfg.permission_mode)
+            self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
         elif word == "/mcp":
-            for server in self.agent.servers or []:
-                count = sum(name.startswith(f"mcp__{server.name}__") for name in self.agent.tools)
+            for server in agent.servers or []:
+                count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
                 why = f" ({server.error})" if server.error else ""
                 self.reporter.say(f"{server.name}: {server.state}{why}, {count} tools")
-            if not self.agent.servers:
+            if not agent.servers:
                 self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/sessions":
-            sessions = Sessions(self.agent.cfg)
+            sessions = Sessions(agent.cfg)
             for path in itertools.islice(sessions.recent(), 10):
-                self.reporter.say(("* " if path.stem == self.agent.cfg.session_id else "  ") + sessions.describe(path))
+                self.reporter.say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
         elif word == "/resume":
             self.resume_picked()
         else:
