@@ -2800,11 +2800,8 @@ def positive(kind: type) -> Callable[[str], Any]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options, with `-p VALUE` taken whole even when the value starts with '-'."""
-    argv = list(argv)
-    for i, arg in enumerate(argv[:-1]):
-        if arg in ("-p", "--print"):
-            argv[i: i + 2] = [f"--print={argv[i + 1]}"]
-            break
+    at = next((i for i, arg in enumerate(argv[:-1]) if arg in ("-p", "--print")), -1)
+    argv = list(argv) if at < 0 else [*argv[:at], f"--print={argv[at + 1]}", *argv[at + 2:]]
     parser = Parser(prog="your_program.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
                     description="solo: a coding agent in one file. With -p it answers one prompt; with piped "
                                 "stdin the text is the prompt (or, with -p, its context); on a terminal it "
@@ -2865,12 +2862,9 @@ def env_number(env: dict[str, str], name: str, default: float) -> float:
     """A positive number from the environment; UsageError when it is not one."""
     text = env.get(name, "").strip()
     try:
-        value = float(text) if text else default
-    except ValueError:
-        value = -1
-    if not 0 < value < math.inf:
-        raise UsageError(f"{name} must be a number above zero, not {text!r}")
-    return value
+        return positive(float)(text) if text else default
+    except argparse.ArgumentTypeError:
+        raise UsageError(f"{name} must be a number above zero, not {text!r}") from None
 
 
 def api_base_url(env: dict[str, str]) -> str:
@@ -2892,7 +2886,6 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     if not api_key.isascii() or not api_key.isprintable():
         raise UsageError("OPENROUTER_API_KEY holds characters a key cannot have (a line break or control character?)")
     home = Path(env["HOME"]) if env.get("HOME") else None
-    solo_home = env.get("SOLO_HOME", "").strip()
     sandbox = args.sandbox or env.get("SOLO_SANDBOX", "").strip() or "off"
     if sandbox not in SANDBOX_MODES:
         raise UsageError(f"SOLO_SANDBOX must be one of {', '.join(SANDBOX_MODES)}, not {sandbox!r}")
@@ -2903,32 +2896,26 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     if args.yes and args.permission_mode not in (None, "bypassPermissions"):
         raise UsageError(f"--yes means --permission-mode bypassPermissions, not {args.permission_mode}")
     return Config(
-        api_key=api_key, cwd=cwd, base_url=api_base_url(env),
-        model=args.model or env.get("OPENROUTER_MODEL", "").strip() or DEFAULT_MODEL,
-        max_turns=args.max_turns, max_cost=args.max_cost,
+        api_key=api_key, cwd=cwd, base_url=api_base_url(env), max_turns=args.max_turns, max_cost=args.max_cost,
+        model=args.model or env.get("OPENROUTER_MODEL", "").strip() or DEFAULT_MODEL, verbose=args.verbose,
         connect_timeout=args.connect_timeout or env_number(env, "SOLO_CONNECT_TIMEOUT", 10.0),
         read_timeout=args.read_timeout or env_number(env, "SOLO_READ_TIMEOUT", 300.0),
-        max_attempts=int(env_number(env, "SOLO_MAX_ATTEMPTS", 6)),
-        output_format=args.output_format, verbose=args.verbose,
+        max_attempts=int(env_number(env, "SOLO_MAX_ATTEMPTS", 6)), output_format=args.output_format,
         tools=select_tools(args.allowed_tools, args.disallowed_tools),
         allowed=tuple(names(args.allowed_tools)), disallowed=tuple(names(args.disallowed_tools)),
         mcp=mcp_servers(([] if args.strict_mcp_config or not (cwd / ".mcp.json").is_file()
                          else [str(cwd / ".mcp.json")]) + args.mcp_config, env),
         mcp_timeout=env_number(env, "MCP_TIMEOUT", 10), mcp_tool_timeout=env_number(env, "MCP_TOOL_TIMEOUT", 120),
-        append_system_prompt=args.append_system_prompt, trace_path=args.trace,
+        append_system_prompt=args.append_system_prompt, trace_path=args.trace, home=home,
         cache=not (args.no_cache or env.get("SOLO_NO_CACHE", "") not in ("", "0")),
         stream=not (args.no_stream or env.get("SOLO_NO_STREAM", "") not in ("", "0")),
         instructions=not args.no_project_instructions, context_window=args.context_window,
         compact_at=min(env_number(env, "SOLO_COMPACT_AT", 0.8), 1.0), persist=not args.no_session_persistence,
-        session_days=env_number(env, "SOLO_SESSION_DAYS", 30),
-        partial_messages=args.include_partial_messages,
-        pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))),
-        permission_mode="bypassPermissions" if args.yes else args.permission_mode or "default",
-        sandbox=sandbox, sandbox_network=args.sandbox_network == "on",
-        add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir), home=home,
-        solo_home=Path(solo_home) if solo_home else home and home / ".solo",
-        session_id=new_uuid(),
-    )
+        session_days=env_number(env, "SOLO_SESSION_DAYS", 30), partial_messages=args.include_partial_messages,
+        pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))), session_id=new_uuid(),
+        permission_mode="bypassPermissions" if args.yes else args.permission_mode or "default", sandbox=sandbox,
+        sandbox_network=args.sandbox_network == "on", add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir),
+        solo_home=Path(solo_home) if (solo_home := env.get("SOLO_HOME", "").strip()) else home and home / ".solo")
 
 
 class Streams(NamedTuple):
@@ -3203,8 +3190,7 @@ def choose_session(args: argparse.Namespace, cfg: Config, stdin: Any,
         raise UsageError(f"--session-id must be a UUID, like {new_uuid()}")
     if args.session_id and target and not args.fork_session:
         raise UsageError("--session-id names a new session: with --continue or --resume, add --fork-session")
-    going_on = target and not args.fork_session
-    session_id = target.stem if going_on else (args.session_id or cfg.session_id).lower()
+    session_id = target.stem if target and not args.fork_session else (args.session_id or cfg.session_id).lower()
     return cfg._replace(session_id=session_id), target or None
 
 
@@ -3214,12 +3200,11 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     reporter = Reporter(cfg, streams)
     agent = Agent(cfg, env, reporter)
     if cfg.output_format == "stream-json":
+        mode = cfg.permission_mode if cfg.permission_mode != "default" else "bypassPermissions"  # -p asks nothing
         reporter.write_json({"type": "system", "subtype": "init", "session_id": cfg.session_id, "cwd": str(cfg.cwd),
                              "model": cfg.model, "tools": list(agent.tools),
                              "mcp_servers": [{"name": s.name, "status": s.state} for s in agent.servers],
-                             "permissionMode": cfg.permission_mode if cfg.permission_mode != "default"
-                             else "bypassPermissions",  # -p asks nothing
-                             "sandbox": cfg.sandbox, "version": VERSION, "uuid": new_uuid()})
+                             "permissionMode": mode, "sandbox": cfg.sandbox, "version": VERSION, "uuid": new_uuid()})
     outcome, error, code = None, "", EXIT_OK
     try:
         outcome = agent.ask(agent.conversation(resume, fork), prompt, context)
@@ -3275,8 +3260,7 @@ class Session:
         if not is_terminal(streams.stderr):  # its prompts and questions would go where the user cannot see them
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
         self.streams, self.always, self.resume = streams, set(), (resume, fork)
-        fancy = env.get("TERM", "dumb") not in ("", "dumb")
-        self.reporter = Reporter(cfg, streams, interactive=True, fancy=fancy)
+        self.reporter = Reporter(cfg, streams, interactive=True, fancy=env.get("TERM", "dumb") not in ("", "dumb"))
         self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm)
 
     def read_line(self, prompt: str, *, history: bool = True) -> str:
@@ -3332,39 +3316,38 @@ class Session:
     def command(self, line: str) -> bool:
         """Handle a /command; False when the line is not one."""
         word, _, rest = line.partition(" ")
-        messages = self.messages
+        messages, agent = self.messages, self.agent
         if word == "/help":
             self.reporter.say(SESSION_HELP)
         elif word == "/clear":
             del messages[1:]
             self.reporter.say("started a new conversation")
         elif word == "/cost":
-            self.reporter.say(self.agent.usage.line())
+            self.reporter.say(agent.usage.line())
         elif word == "/model":
             if rest.strip():
-                self.agent.cfg = self.agent.cfg._replace(model=rest.strip())
-                messages.note({"type": "model", "model": self.agent.cfg.model})
-            self.reporter.say(f"model: {self.agent.cfg.model}")
+                agent.cfg = agent.cfg._replace(model=rest.strip())
+                messages.note({"type": "model", "model": agent.cfg.model})
+            self.reporter.say(f"model: {agent.cfg.model}")
         elif word == "/compact":
-            tokens = estimate_tokens(messages)
-            if not self.agent.compactor.compact(self.agent.cfg, messages, tokens, "manual", rest.strip()):
+            if not agent.compactor.compact(agent.cfg, messages, estimate_tokens(messages), "manual", rest.strip()):
                 self.reporter.say("the conversation was not compacted")
         elif word == "/mode":
             if rest.strip() not in (*PERMISSION_MODES, ""):
                 raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
-            self.agent.cfg = self.agent.cfg._replace(permission_mode=rest.strip() or self.agent.cfg.permission_mode)
-            self.reporter.say(f"permission mode: {self.agent.cfg.permission_mode}")
+            agent.cfg = agent.cfg._replace(permission_mode=rest.strip() or agent.cfg.permission_mode)
+            self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
         elif word == "/mcp":
-            for server in self.agent.servers or []:
-                count = sum(name.startswith(f"mcp__{server.name}__") for name in self.agent.tools)
+            for server in agent.servers or []:
+                count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
                 why = f" ({server.error})" if server.error else ""
                 self.reporter.say(f"{server.name}: {server.state}{why}, {count} tools")
-            if not self.agent.servers:
+            if not agent.servers:
                 self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/sessions":
-            sessions = Sessions(self.agent.cfg)
+            sessions = Sessions(agent.cfg)
             for path in itertools.islice(sessions.recent(), 10):
-                self.reporter.say(("* " if path.stem == self.agent.cfg.session_id else "  ") + sessions.describe(path))
+                self.reporter.say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
         elif word == "/resume":
             self.resume_picked()
         else:
