@@ -1264,11 +1264,8 @@ def project_instructions(cfg: Config, notice: Callable[[str], None]) -> str:
 
 def params(required: list[str], **props: tuple[str, str]) -> dict:
     """A JSON Schema object from name=(type, description) pairs."""
-    return {
-        "type": "object",
-        "properties": {name: {"type": kind, "description": text} for name, (kind, text) in props.items()},
-        "required": required,
-    }
+    properties = {name: {"type": kind, "description": text} for name, (kind, text) in props.items()}
+    return {"type": "object", "properties": properties, "required": required}
 
 
 TOOLS: tuple[Tool, ...] = (
@@ -1358,10 +1355,8 @@ def coerce(value: Any, kind: Any) -> Any:
 def signature(tool: Tool) -> str:
     """The tool's inputs as the model should call them, for error messages."""
     required = tool.parameters.get("required") or []
-    return ", ".join(
-        f"{name}: {prop.get('type', 'any')}{'' if name in required else ' (optional)'}"
-        for name, prop in tool.parameters["properties"].items()
-    )
+    return ", ".join(f"{name}: {prop.get('type', 'any')}{'' if name in required else ' (optional)'}"
+                     for name, prop in tool.parameters["properties"].items())
 
 
 def check_arguments(tool: Tool, args: dict) -> dict:
@@ -1379,10 +1374,8 @@ def check_arguments(tool: Tool, args: dict) -> dict:
         try:
             kwargs[name.lstrip("-")] = coerce(value, props[name].get("type"))
         except (ValueError, TypeError):
-            raise ToolError(
-                f"input {name} should be {props[name]['type']}, got {json.dumps(value)[:80]}; "
-                f"{tool.name} takes {signature(tool)}"
-            ) from None
+            raise ToolError(f"input {name} should be {props[name]['type']}, got {json.dumps(value)[:80]}; "
+                            f"{tool.name} takes {signature(tool)}") from None
     return kwargs
 
 
@@ -1855,14 +1848,11 @@ def assistant_message(message: dict, turn: int, seen_ids: set[str]) -> dict:
 
 def shrink(messages: list[dict]) -> int:
     """Replace the older half of the large tool results with a stub; return how many were replaced."""
-    large = [
-        i for i, m in enumerate(messages)
-        if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS
-    ]
-    chosen = large[: max(1, len(large) // 2)] if large else []
+    large = [i for i, m in enumerate(messages)
+             if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS]
+    chosen = large[: max(1, len(large) // 2)]
     for i in chosen:
-        size = len(messages[i]["content"])
-        stub = f"[removed to fit the context window: {size} characters of this tool's output]"
+        stub = f"[removed to fit the context window: {len(messages[i]['content'])} characters of this tool's output]"
         messages[i] = {**messages[i], "content": stub}
     return len(chosen)
 
@@ -2085,13 +2075,9 @@ class ModelClient:
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
         self.session = requests.Session()
         self.session.auth = self.authorize  # set, so requests never swaps in ~/.netrc's credentials
-        self.session.headers.update({
-            "Content-Type": "application/json",
-            "HTTP-Referer": APP_URL,
-            "X-OpenRouter-Title": APP_TITLE,
-            "X-Title": APP_TITLE,
-            **({"x-session-id": cfg.session_id} if cfg.session_id else {}),
-        })
+        self.session.headers.update({"Content-Type": "application/json", "HTTP-Referer": APP_URL,
+                                     "X-OpenRouter-Title": APP_TITLE, "X-Title": APP_TITLE,
+                                     **({"x-session-id": cfg.session_id} if cfg.session_id else {})})
 
     def authorize(self, request: Any) -> Any:
         """Put the API key on a request (requests' auth hook)."""
