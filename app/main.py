@@ -1697,8 +1697,7 @@ def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> 
     required = schema.get("required") if isinstance(schema.get("required"), list) else []
     schema.update(type="object", properties={k: v for k, v in properties.items() if isinstance(v, dict)},
                   required=[r for r in required if isinstance(r, str)])
-    annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
-    read_only = annotations.get("readOnlyHint") is True
+    read_only = isinstance(tool.get("annotations"), dict) and tool["annotations"].get("readOnlyHint") is True
     return Tool(name, str(tool.get("description") or tool.get("title") or tool["name"])[:1024], schema,
                 lambda ctx, **args: server.call(tool["name"], args, timeout), asks=not read_only, read_only=read_only)
 
@@ -1746,11 +1745,9 @@ def system_prompt(cfg: Config, skills: dict[str, Skill], instructions: str = "")
                      "Unlike file contents that tools read, they come from the user: follow them.\n\n" + instructions)
     if skills:
         catalog = "\n".join(f"- {s.name}: {s.description}" for s in skills.values())
-        parts.append(
-            "Skills are instructions the user has packaged for you. When a skill's description fits the "
-            "task, load it with the Skill tool and follow its instructions: unlike file or command "
-            f"output, a skill's instructions come from the user.\nAvailable skills:\n{catalog}"
-        )
+        parts.append("Skills are instructions the user has packaged for you. When a skill's description fits the "
+                     "task, load it with the Skill tool and follow its instructions: unlike file or command "
+                     f"output, a skill's instructions come from the user.\nAvailable skills:\n{catalog}")
     if cfg.append_system_prompt:
         parts.append(cfg.append_system_prompt)
     return "\n\n".join(parts)
@@ -1827,7 +1824,7 @@ def assistant_message(message: dict, turn: int, seen_ids: set[str]) -> dict:
     if not isinstance(calls, list) or not calls:
         message.pop("tool_calls", None)
         return message
-    fixed = []
+    fixed = message["tool_calls"] = []
     for index, call in enumerate(calls):
         call = dict(call) if isinstance(call, dict) else {}
         if not isinstance(call.get("id"), str) or not call["id"] or call["id"] in seen_ids:
@@ -1840,7 +1837,6 @@ def assistant_message(message: dict, turn: int, seen_ids: set[str]) -> dict:
         call["function"] = {**function, "name": function.get("name") or "missing_name", "arguments": arguments}
         call["type"] = "function"
         fixed.append(call)
-    message["tool_calls"] = fixed
     if not message.get("content"):
         message["content"] = None  # an empty text block is rejected by Anthropic-backed routes
     return message
@@ -2008,8 +2004,7 @@ class StreamedReply:
     non-streamed request would have got."""
 
     def __init__(self, on_delta: Callable[[dict], None]):
-        self.pending, self.data, self.on_delta, self.size = [], [], on_delta, 0
-        self.response: dict = {}
+        self.pending, self.data, self.on_delta, self.size, self.response = [], [], on_delta, 0, {}
         self.choice: dict = {"message": {"role": "assistant"}}
         self.done = self.seen = False
 
@@ -2786,9 +2781,8 @@ class Agent:
         mode = self.cfg.permission_mode
         if mode == "plan":
             return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
-        if mode == "bypassPermissions" or (mode == "acceptEdits" and tool in ("Write", "Edit")) or not self.ask_user:
-            return ""
-        if self.ask_user(tool, args):
+        allowed = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in ("Write", "Edit"))
+        if allowed or not self.ask_user or self.ask_user(tool, args):
             return ""
         return f"the user declined to let {tool} run; ask them or try something else"
 
