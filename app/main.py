@@ -1908,8 +1908,7 @@ def error_message(status: int, error: Any) -> tuple[str, Any]:
         return one_line(str(error)), status
     message = one_line(error.get("message") or "no message")
     metadata = error.get("metadata") if isinstance(error.get("metadata"), dict) else {}
-    raw = metadata.get("raw")
-    if raw and one_line(str(raw)) not in message:
+    if (raw := metadata.get("raw")) and one_line(str(raw)) not in message:
         message += f" (upstream: {one_line(str(raw), 200)})"
     if metadata.get("provider_name"):
         message += f" [provider: {metadata['provider_name']}]"
@@ -2121,15 +2120,13 @@ class ModelClient:
             entry = cache.get(key) if isinstance(cache.get(key), dict) else {}
             if isinstance(entry.get("time"), (int, float)) and time.time() - entry["time"] < MODEL_LIST_SECONDS \
                     and isinstance(entry.get("info"), dict):
-                self.info[model] = entry["info"]
-                return self.info[model]
+                return self.info.setdefault(model, entry["info"])
             try:
                 response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
                                             timeout=(self.cfg.connect_timeout, 30))
                 entry = next((m for m in response.json()["data"] if m.get("id") == model), {})
             except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError):
-                self.info[model] = {}
-                return {}
+                return self.info.setdefault(model, {})
             self.info[model] = {k: entry[k] for k in ("context_length", "top_provider", "pricing") if k in entry}
             if path:
                 write_private(path, json.dumps({**cache, key: {"time": time.time(), "info": self.info[model]}}))
