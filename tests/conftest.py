@@ -119,7 +119,8 @@ class Terminal:
         while not (match := re.search(pattern, self.seen)):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.master], [], [], left)[0]:
-                raise AssertionError(f"{pattern!r} never showed; screen:\n{self.seen}\nwhole transcript: {self.transcript[-2000:]!r}")
+                raise AssertionError(f"{pattern!r} never showed; screen:\n{self.seen}\n"
+                                     f"whole transcript: {self.transcript[-2000:]!r}")
             try:
                 chunk = os.read(self.master, 4096).decode(errors="replace")
                 self.seen += chunk
@@ -148,10 +149,10 @@ class Terminal:
 def terminal(workspace):
     terminals = []
 
-    def start(server, *args: str, stdout=None) -> Terminal:
-        env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "TERM": "dumb"}
+    def start(server, *args: str, stdout=None, env: dict | None = None, first: str = "> ") -> Terminal:
+        env = {**(env or {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}), "TERM": "dumb"}
         terminals.append(Terminal(workspace, env, stdout, args))
-        terminals[-1].expect("> ")  # the session is up and waiting
+        terminals[-1].expect(first)  # the session is up and waiting
         return terminals[-1]
 
     yield start

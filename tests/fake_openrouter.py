@@ -114,6 +114,16 @@ def last_result(body: dict) -> str:
     return body["messages"][-1]["content"]
 
 
+def tool_results(body: dict) -> list[str]:
+    """The tool results that follow the last assistant message."""
+    results = []
+    for message in reversed(body["messages"]):
+        if message["role"] != "tool":
+            break
+        results.insert(0, message["content"])
+    return results
+
+
 def load_validator():
     """A Draft 2020-12 validator for request bodies."""
     import jsonschema  # a test dependency; the benchmark runs without validation

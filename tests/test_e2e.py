@@ -8,21 +8,11 @@ import re
 
 import pytest
 
-from tests.fake_openrouter import call, last_result, reply, tool_then
+from tests.fake_openrouter import call, last_result, reply, tool_results, tool_then
 
 
 def last(body: dict) -> dict:
     return body["messages"][-1]
-
-
-def tool_results(body: dict) -> list[str]:
-    """The tool results that follow the last assistant message."""
-    results = []
-    for message in reversed(body["messages"]):
-        if message["role"] != "tool":
-            break
-        results.insert(0, message["content"])
-    return results
 
 
 def test_answers_a_prompt(serve, run, workspace):

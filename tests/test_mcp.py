@@ -18,7 +18,7 @@ import pytest
 
 from app import main as agent
 from tests.conftest import PROGRAM, PROMPT
-from tests.fake_openrouter import call, last_result, reply, tool_then
+from tests.fake_openrouter import call, last_result, reply, tool_results, tool_then
 
 SERVER = Path(__file__).resolve().with_name("mcp_server.py")
 TIME_SERVER = Path(sys.executable).parent / "mcp-server-time"  # installed by the test extra into .venv/bin
@@ -37,16 +37,6 @@ def mcp_config(**servers: dict) -> str:
 
 def tool_names(body: dict) -> set[str]:
     return {tool["function"]["name"] for tool in body.get("tools") or []}
-
-
-def tool_results(body: dict) -> list[str]:
-    """The tool results that follow the last assistant message."""
-    results = []
-    for message in reversed(body["messages"]):
-        if message["role"] != "tool":
-            break
-        results.insert(0, message["content"])
-    return results
 
 
 def calls_then_results(calls: list) -> Callable[[dict], dict]:
@@ -654,7 +644,7 @@ def test_a_failing_call_in_a_batch_does_not_cancel_the_others(serve, run, worksp
 # --- 8. In a session ------------------------------------------------------------------------------
 
 
-def test_slash_mcp_lists_the_servers_state_and_tool_count(serve, terminal, workspace):  # noqa: F811
+def test_slash_mcp_lists_the_servers_state_and_tool_count(serve, terminal, workspace):
     config = mcp_config(t=stdio("--only", "echo,peek,crash"), bad={"command": "/no/such/server"})
     (workspace / ".mcp.json").write_text(config)
     term = terminal(serve(tool_then([call("mcp__t__crash", {})], lambda body: "after: " + last_result(body))))
@@ -674,7 +664,7 @@ def test_slash_mcp_lists_the_servers_state_and_tool_count(serve, terminal, works
     assert term.wait() == 0
 
 
-def test_ctrl_c_during_an_mcp_call_cancels_the_turn_and_the_server_still_answers(serve, terminal, workspace):  # noqa: F811
+def test_ctrl_c_during_an_mcp_call_cancels_the_turn_and_the_server_still_answers(serve, terminal, workspace):
     record = workspace.parent / "record"
     (workspace / ".mcp.json").write_text(mcp_config(t=stdio("--only", "sleep,peek", "--record", str(record))))
 
@@ -700,7 +690,7 @@ def test_ctrl_c_during_an_mcp_call_cancels_the_turn_and_the_server_still_answers
     assert term.wait() == 0
 
 
-def test_an_mcp_tool_that_changes_things_asks_first_and_a_read_only_one_does_not(serve, terminal, workspace):  # noqa: F811
+def test_an_mcp_tool_that_changes_things_asks_first_and_a_read_only_one_does_not(serve, terminal, workspace):
     record = workspace.parent / "record"
     (workspace / ".mcp.json").write_text(mcp_config(t=stdio("--only", "echo,peek", "--record", str(record))))
 

@@ -600,27 +600,12 @@ def test_a_forked_skill_is_a_side_chain_that_resuming_skips(serve, run, fork_wor
 # --- Sessions on a terminal ----------------------------------------------------------------------------
 
 
-class Session(Terminal):
-    """The program on a pty with options, with run()'s HOME for its cwd, so both see the same transcripts."""
-
-    def __init__(self, cwd: Path, base_url: str, args: list[str] = ()):
-        super().__init__(cwd, {**program_env(cwd, base_url), "TERM": "dumb"}, args=args)
-
-
 @pytest.fixture
-def session(workspace):
-    started: list[Session] = []
-
-    def open_one(server, args: list[str] = (), first: str = PROMPT) -> Session:
-        started.append(Session(workspace, server.url, list(args)))
-        started[-1].expect(first)  # up and waiting
-        return started[-1]
-
-    yield open_one
-    for term in started:
-        if term.proc.poll() is None:
-            term.proc.kill()
-            term.proc.wait()
+def session(terminal, workspace):
+    """A session on a terminal with run()'s HOME for its cwd, so both see the same transcripts."""
+    def open_one(server, args: list[str] = (), first: str = PROMPT) -> Terminal:
+        return terminal(server, *args, env=program_env(workspace, server.url), first=first)
+    return open_one
 
 
 def test_ctrl_c_removes_the_cancelled_turn_from_the_transcript(serve, run, session, workspace):
