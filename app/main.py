@@ -134,7 +134,8 @@ class Config(NamedTuple):
     pass_env: tuple[str, ...] = ()  # secret-looking variables commands may still see
     permission_mode: str = "default"  # default | acceptEdits | plan | bypassPermissions (--yes)
     sandbox: str = "off"  # off | read-only | workspace-write
-    sandbox_network: bool = False  # commands may open TCP connections in a confined mode
+    sandbox_network: bool = False  # commands may open TCP and UDP sockets in a confined mode
+    sandbox_unix: bool = False  # commands may open unix sockets in a confined mode
     add_dirs: tuple[Path, ...] = ()  # more folders commands and tools may write in workspace-write
     home: Path | None = None  # for ~/.claude/skills
     solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: transcripts, the model-list cache (None: nothing kept)
@@ -333,6 +334,105 @@ class Leftovers:
                     os.close(fd)
 
 
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 1, 4, 36, 37
+
+
+def load_libc() -> Any:
+    """The C library through ctypes, loaded only where a process needs a system call Python lacks (prctl)."""
+    import ctypes
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.syscall.restype = ctypes.c_long
+    return lib
+
+
+def guard_process() -> None:
+    """Make solo non-dumpable (no process of the same user may read its memory or environment) and a child
+    subreaper (what a command leaves running becomes solo's child, so it can be found and ended)."""
+    with contextlib.suppress(OSError, AttributeError):
+        lib = load_libc()
+        lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        lib.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+class Spawner:
+    """Starts child processes from one thread that lives as long as solo, each set to die with solo
+    (PR_SET_PDEATHSIG fires when the thread that forked the child ends) and, in a sandbox, confined on the way
+    to exec by `prepare`, which runs in the child and makes only system calls prepared in advance."""
+
+    def __init__(self, prepare: Callable[[], None] | None = None):
+        self.lib, self.parent, self.pids, self.lock, self.thread = load_libc(), os.getpid(), set(), threading.Lock(), None
+        self.prepare = prepare or self.die_with_parent
+
+    def die_with_parent(self) -> None:
+        """In a child: be killed when solo ends, even by SIGKILL; leave at once if it already has."""
+        self.lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+        if os.getppid() != self.parent:
+            os._exit(127)
+
+    def popen(self, args: Any, **kwargs: Any) -> subprocess.Popen:
+        """Start a process from the spawner thread (made on first use: a run may start none)."""
+        with self.lock:
+            if self.thread is None:
+                import concurrent.futures
+                self.thread = concurrent.futures.ThreadPoolExecutor(1, "spawner")
+        proc = self.thread.submit(subprocess.Popen, args, preexec_fn=self.prepare, **kwargs).result()
+        self.pids.add(proc.pid)
+        return proc
+
+    def shutdown(self) -> None:
+        """Let the spawner thread go (its children then die with it)."""
+        if self.thread:
+            self.thread.shutdown()
+
+
+def process_table() -> dict[int, tuple[int, str, str]]:
+    """pid: (parent pid, state, command line) of every process this one can see."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path("/proc", entry.name, "stat").read_text().rsplit(")", 1)[1].split()
+                command = Path("/proc", entry.name, "cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ")
+                table[int(entry.name)] = (int(fields[1]), fields[0], command.decode(errors="replace"))
+    return table
+
+
+def orphans(known: set[int]) -> list[tuple[int, str]]:
+    """What earlier commands left running (adopted by solo as their subreaper), with command lines; zombies among
+    solo's adopted children are reaped by pid on the way (never waitpid(-1), which would rob subprocess)."""
+    table, me = process_table(), os.getpid()
+    own = table.get(me, (0, "", ""))[2]
+    adopted = [pid for pid, (ppid, _, _) in table.items() if ppid == me and pid not in known]
+    for pid in [pid for pid in adopted if table[pid][1] == "Z"]:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    found, queue = [], [pid for pid in adopted if table[pid][1] != "Z"]
+    while queue:  # each adopted process and everything under it, but for copies of solo waiting in a namespace
+        pid = queue.pop(0)
+        if table[pid][2] != own:
+            found.append((pid, table[pid][2]))
+        queue += [child for child, (ppid, state, _) in table.items() if ppid == pid and state != "Z"]
+    return found
+
+
+def end_orphans() -> None:
+    """Kill and reap everything commands left running, generation by generation (the children of a killed
+    process are adopted next); only when solo is their subreaper, so a test process's own children are left be."""
+    import ctypes
+    flag = ctypes.c_int(0)
+    with contextlib.suppress(OSError, AttributeError):
+        load_libc().prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    me = os.getpid()
+    for _ in range(100) if flag.value else ():
+        adopted = [pid for pid, (ppid, _, _) in process_table().items() if ppid == me]
+        if not adopted:
+            return
+        for pid in adopted:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+
+
 # --- Sandbox --------------------------------------------------------------------------------------
 
 
@@ -341,23 +441,40 @@ PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
 # Landlock's rights that change files, each with the ABI that has it: write, remove dir/file, make char/dir/reg/
 # sock/fifo/block/sym, then refer (2), truncate (3), ioctl on devices (5)
 WRITE_RIGHTS = [(1 << bit, 1) for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)] + [(1 << 13, 2), (1 << 14, 3), (1 << 15, 5)]
-FILE_RIGHTS = (1 << 1) | (1 << 14) | (1 << 15)  # write, truncate, ioctl: what a rule on a single file may grant
+DEVICE_RIGHTS = (1 << 6) | (1 << 11) | (1 << 15)  # make char/block devices, ioctl on them: granted nowhere
+NULL_RIGHTS = (1 << 1) | (1 << 14)  # write and truncate /dev/null, the one device commands may write
 DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system|Invalid cross-device link")
+SYSCALLS = {  # name: number on x86_64, on aarch64 (checked against the kernel headers by the tests)
+    "socket": (41, 198), "ioctl": (16, 29), "clone": (56, 220), "clone3": (435, 435), "capset": (126, 91),
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "keyctl": (250, 219),
+    "add_key": (248, 217), "request_key": (249, 218), "bpf": (321, 280), "perf_event_open": (298, 241),
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "unshare": (272, 97), "setns": (308, 268),
+    "open_by_handle_at": (304, 265), "userfaultfd": (323, 282), "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426), "io_uring_register": (427, 427), "open_tree": (428, 428), "move_mount": (429, 429),
+    "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+}
+REFUSED_CALLS = tuple(name for name in SYSCALLS if name not in ("socket", "ioctl", "clone", "clone3", "capset"))
+AUDIT_ARCHES = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # ioctls that type into or redraw a terminal
+BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_AND, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
+SECCOMP_ALLOW, SECCOMP_EPERM, SECCOMP_ENOSYS, SECCOMP_KILL = 0x7FFF0000, 0x50001, 0x50026, 0x80000000
 
 
 class Sandbox(NamedTuple):
-    """Where commands and file tools may write, and whether commands may open TCP connections. Commands are
-    started by one thread that confined itself (Landlock and no-new-privileges hold per thread and pass to
-    every child), so each starts confined, and as fast as an unconfined one."""
+    """Where commands and file tools may write, and which sockets commands may open. Commands start confined
+    (see Confinement) from the spawner, as fast as unconfined ones."""
 
     mode: str
     roots: tuple[Path, ...]  # folders writes may go beneath
-    network: bool  # TCP connect and bind allowed
-    spawner: Any  # a one-thread executor whose thread is confined
+    network: bool  # TCP and UDP over IPv4 and IPv6 allowed
+    spawner: Spawner  # starts every command and MCP server of the run, confined
+    unix: bool = False  # unix sockets allowed (any daemon of the user: tmux, docker, ssh-agent)
 
     def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
-        """Start a process from the confined thread."""
-        return self.spawner.submit(subprocess.Popen, *args, **kwargs).result()
+        """Start a confined process."""
+        return self.spawner.popen(*args, **kwargs)
 
     def check(self, path: Path, file_path: str) -> None:
         """ToolError for a write that resolves (symlinks and '..' followed) outside the writable folders."""
@@ -368,30 +485,58 @@ class Sandbox(NamedTuple):
 
     def note(self, output: str, code: int) -> str:
         """One line for a command the sandbox may have stopped; nothing for other failures (126: a program
-        that may not run, which Landlock never causes here)."""
+        that may not run, which the sandbox never causes)."""
         if code in (0, 126) or not DENIED.search(output):
             return ""
         where = ", ".join(map(str, self.roots))
-        return f"\n[the sandbox ({self.mode}) denied part of this: commands may write only under {where}" + \
-               ("" if self.network else " and may not open TCP connections") + "]"
+        sockets = [kind for kind, allowed in (("network", self.network), ("unix", self.unix)) if not allowed]
+        return f"\n[the sandbox ({self.mode}) may have stopped part of this: commands may write only under {where}" + \
+               (f" and may not open {' or '.join(sockets)} sockets" if sockets else "") + "]"
 
 
-def confine(ruleset: int) -> None:
-    """Put the calling thread in a Landlock ruleset, after giving up new privileges (setuid programs)."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) or libc.syscall(446, ruleset, 0):  # PR_SET_NO_NEW_PRIVS, restrict_self
-        raise OSError(ctypes.get_errno(), "the sandbox could not be applied")
+def bpf_program(program: list) -> bytes:
+    """Classic BPF from (code, k, jump-if-true label, jump-if-false label) rows and label strings."""
+    labels, rows = {}, []
+    for item in program:
+        if isinstance(item, str):
+            labels[item] = len(rows)
+        else:
+            rows.append(item)
+    def offset(label: str | None, at: int) -> int:
+        return 0 if label is None else labels[label] - at - 1
+    return b"".join(struct.pack("<HBBI", code, offset(yes, at), offset(no, at), k)
+                    for at, (code, k, yes, no) in enumerate(row + (None,) * (4 - len(row)) for row in rows))
 
 
-def landlock(roots: tuple[Path, ...], network: bool) -> tuple[int, str]:
-    """A Landlock ruleset letting writes happen only beneath `roots` (and /dev/null and the terminal), with TCP
-    connect and bind denied unless `network`; its fd and a warning for what this kernel cannot enforce.
+def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
+    """The seccomp filter of confined commands: the system calls that reach other processes, the kernel's keys,
+    mounts, namespaces and io_uring (which bypasses seccomp) refused; sockets only of the kinds allowed
+    (socketpair always); no ioctl that types into a terminal. Another architecture's calls kill the process."""
+    nr = {name: numbers[machine == "aarch64"] for name, numbers in SYSCALLS.items()}
+    inet = [(BPF_JEQ, 2, "inet"), (BPF_JEQ, 10, "inet")] if network else []  # AF_INET, AF_INET6
+    return bpf_program([
+        (BPF_LD, 4), (BPF_JEQ, AUDIT_ARCHES[machine], None, "kill"), (BPF_LD, 0),
+        *([(BPF_JGE, 0x40000000, "deny")] if machine == "x86_64" else []),  # x32 calls
+        *[(BPF_JEQ, nr[name], "deny") for name in REFUSED_CALLS],
+        (BPF_JEQ, nr["clone3"], "nosys"),  # its flags cannot be read: ENOSYS makes the C library use clone
+        (BPF_JEQ, nr["socket"], "socket"), (BPF_JEQ, nr["ioctl"], "ioctl"), (BPF_JEQ, nr["clone"], "clone"),
+        (BPF_RET, SECCOMP_ALLOW),
+        "socket", (BPF_LD, 16), *([(BPF_JEQ, 1, "allow")] if unix else []), *inet, (BPF_RET, SECCOMP_EPERM),
+        "inet", (BPF_LD, 24), (BPF_AND, 0xF), (BPF_JEQ, 1, "protocol"), (BPF_JEQ, 2, "protocol", "deny"),
+        "protocol", (BPF_LD, 32), (BPF_JEQ, 0, "allow"), (BPF_JEQ, 6, "allow"), (BPF_JEQ, 17, "allow", "deny"),
+        "ioctl", (BPF_LD, 24), (BPF_JEQ, TIOCSTI, "deny"), (BPF_JEQ, TIOCLINUX, "deny", "allow"),
+        "clone", (BPF_LD, 16), (BPF_JSET, NAMESPACE_FLAGS, "deny", "allow"),
+        "allow", (BPF_RET, SECCOMP_ALLOW), "deny", (BPF_RET, SECCOMP_EPERM), "nosys", (BPF_RET, SECCOMP_ENOSYS),
+        "kill", (BPF_RET, SECCOMP_KILL),
+    ])
+
+
+def landlock_ruleset(lib: Any, roots: tuple[Path, ...], network: bool) -> tuple[int, str]:
+    """A Landlock ruleset letting writes happen only beneath `roots` (and to /dev/null), never making devices, with
+    TCP connect and bind denied unless `network`; its fd and a warning for what this kernel cannot enforce.
     UsageError when the kernel has no Landlock."""
     import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    abi = lib.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
     if abi < 1:
         raise UsageError(f"this kernel has no Landlock ({os.strerror(ctypes.get_errno())}): a sandbox cannot be "
                          "enforced here; run with --sandbox off to go on without one")
@@ -399,36 +544,156 @@ def landlock(roots: tuple[Path, ...], network: bool) -> tuple[int, str]:
     net = 0 if network or abi < 4 else 0b11  # BIND_TCP, CONNECT_TCP
     scoped = 0b11  # abstract unix sockets and signals: no reaching processes outside the sandbox (ABI 6)
     attr = struct.pack("<QQQ", handled, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
-    ruleset = libc.syscall(444, attr, len(attr), 0)
+    ruleset = lib.syscall(444, attr, len(attr), 0)
     if ruleset < 0:
         raise UsageError(f"the Landlock ruleset could not be made: {os.strerror(ctypes.get_errno())}")
-    rules = [(root, handled) for root in roots] + [(Path(p), handled & FILE_RIGHTS)
-                                                   for p in ("/dev/null", "/dev/tty", "/dev/pts") if os.path.exists(p)]
+    rules = [(root, handled & ~DEVICE_RIGHTS) for root in roots] + [(Path("/dev/null"), NULL_RIGHTS)]
     for path, rights in rules:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         try:
-            rights &= handled if path.is_dir() else FILE_RIGHTS
-            if libc.syscall(445, ruleset, 1, struct.pack("<Qi", rights, fd), 0):  # PATH_BENEATH
+            if lib.syscall(445, ruleset, 1, struct.pack("<Qi", rights & handled, fd), 0):  # PATH_BENEATH
                 raise UsageError(f"the sandbox could not allow {path}: {os.strerror(ctypes.get_errno())}")
         finally:
             os.close(fd)
-    warning = "" if network or abi >= 4 else f"this kernel's Landlock (ABI {abi}) cannot block network connections"
-    return ruleset, warning
+    return ruleset, "" if abi >= 6 else f"this kernel's Landlock (ABI {abi}) cannot keep confined commands from " \
+        "signalling processes outside the sandbox or reaching abstract unix sockets"
 
 
-def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool) -> tuple[Sandbox, str]:
-    """A sandbox over these folders (its Landlock ruleset applied to the thread that starts the commands), and a
-    warning for what this kernel cannot enforce; UsageError when it cannot be had at all."""
-    import concurrent.futures
-    ruleset, warning = landlock(roots, network)
-    spawner = concurrent.futures.ThreadPoolExecutor(1, "confined", confine, (ruleset,))
-    try:
-        spawner.submit(int).result()  # the thread has confined itself, or it broke trying
-    except (RuntimeError, OSError) as error:
-        raise UsageError(f"the sandbox could not be applied: {error}") from None
-    finally:
-        os.close(ruleset)
-    return Sandbox(mode, roots, network, spawner), warning
+class Confinement:
+    """What a command's process does between fork and exec (Popen's preexec_fn), prepared in advance so that the
+    child only makes system calls: its own user, PID and mount namespaces with a fresh /proc where the kernel
+    allows them (no other process visible), no capabilities, no new privileges, the Landlock ruleset, then the
+    seccomp filter. Nothing confined ever shares memory with solo, which stays unconfined."""
+
+    def __init__(self, lib: Any, ruleset: int, program: bytes, namespaces: bool):
+        import ctypes
+        self.lib, self.ruleset, self.namespaces, self.errno = lib, ruleset, namespaces, ctypes.get_errno
+        self.parent, self.max_fd = os.getpid(), os.sysconf("SC_OPEN_MAX")
+        self.buffers = [ctypes.create_string_buffer(program)]  # kept alive: the kernel reads them in the child
+        self.buffers.append(ctypes.create_string_buffer(struct.pack("<HxxxxxxQ", len(program) // 8,
+                                                                    ctypes.addressof(self.buffers[0]))))
+        self.buffers += [ctypes.create_string_buffer(struct.pack("<Ii", 0x20080522, 0)), ctypes.create_string_buffer(24)]
+        self.fprog, self.cap_header, self.cap_data = (ctypes.c_void_p(ctypes.addressof(b)) for b in self.buffers[1:])
+        self.capset = SYSCALLS["capset"][os.uname().machine == "aarch64"]
+        self.last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text().strip() or 40)
+        self.maps = (("setgroups", b"deny"), ("uid_map", f"{os.getuid()} {os.getuid()} 1".encode()),
+                     ("gid_map", f"{os.getgid()} {os.getgid()} 1".encode()))
+        lib.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+
+    def enter(self) -> None:
+        """In the child: die with solo, then be confined (in namespaces when allowed) before the exec."""
+        for signum in (1, 2, 15):  # solo's own handlers mean nothing here
+            self.lib.signal(signum, 0)
+        self.lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+        if os.getppid() != self.parent:
+            os._exit(127)
+        if not self.namespaces or not self.into_namespaces():
+            self.restrict()
+
+    def check(self, result: int, what: str) -> None:
+        """OSError for a failed system call."""
+        if result < 0:
+            raise OSError(self.errno(), f"{what}: {os.strerror(self.errno())}")
+
+    def into_namespaces(self) -> bool:
+        """Fork twice into new namespaces: this process stays behind to pass the command's exit code on, the first
+        child becomes the namespace's init (confined too), the second returns True, confined, to exec."""
+        lib = self.lib
+        self.check(lib.unshare(0x10000000 | 0x20000000 | 0x20000), "unshare")  # CLONE_NEWUSER, NEWPID, NEWNS
+        for name, data in self.maps:
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            os.write(fd, data)
+            os.close(fd)
+        read, write = os.pipe()
+        self.check(pid := lib.fork(), "fork")
+        if pid:
+            self.pass_on(pid, read)
+        lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+        self.check(lib.mount(None, b"/", None, 0x44000, None), "mount")  # MS_REC | MS_PRIVATE
+        self.check(lib.mount(b"proc", b"/proc", b"proc", 0xE, None), "mount /proc")  # nosuid, nodev, noexec
+        self.restrict()
+        self.check(pid := lib.fork(), "fork")
+        if pid:
+            self.init(pid, write)
+        os.close(read)
+        os.close(write)
+        return True
+
+    def pass_on(self, init: int, read: int) -> None:
+        """The process Popen knows: exit with the command's code, sent by init, or with init's own."""
+        try:
+            os.closerange(0, read)  # the command's pipes and Popen's error pipe are the command's alone
+            os.closerange(read + 1, self.max_fd)
+            data = os.read(read, 4)
+            os._exit(int.from_bytes(data, "little") if len(data) == 4 else exit_code(os.waitpid(init, 0)[1]))
+        finally:
+            os._exit(255)
+
+    def init(self, command: int, write: int) -> None:
+        """The namespace's first process: reap its orphans; when the command ends, pass its code on (and stop
+        dying with the waiter when background jobs remain: solo ends them when it exits)."""
+        try:
+            os.closerange(0, write)
+            os.closerange(write + 1, self.max_fd)
+            while (ended := os.waitpid(-1, 0))[0] != command:
+                pass
+            code = exit_code(ended[1])
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:  # nothing left: the waiter passes this exit code on
+                os._exit(code)
+            self.lib.prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+            os.write(write, code.to_bytes(4, "little"))
+            os.close(write)
+            while True:
+                os.waitpid(-1, 0)
+        finally:
+            os._exit(0)
+
+    def restrict(self) -> None:
+        """No new privileges, no capabilities (bounding and ambient sets too), the Landlock ruleset, the filter."""
+        lib = self.lib
+        self.check(lib.prctl(38, 1, 0, 0, 0), "no_new_privs")  # PR_SET_NO_NEW_PRIVS
+        lib.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+        for cap in range(self.last_cap + 1):
+            lib.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP: fails without CAP_SETPCAP, when there is nothing to drop
+        self.check(lib.syscall(self.capset, self.cap_header, self.cap_data), "capset")
+        self.check(lib.syscall(446, self.ruleset, 0), "landlock")  # landlock_restrict_self
+        self.check(lib.prctl(22, 2, self.fprog, 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def exit_code(status: int) -> int:
+    """A wait status as a shell reports it: the exit code, or 128 + the signal."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool = False) -> tuple[Sandbox, str]:
+    """A sandbox over these folders, and a warning for what this kernel cannot enforce; UsageError when it cannot
+    be had at all. A first command tells whether namespaces can be had; without them, confined commands could
+    read other processes' environments, which the warning says."""
+    machine = os.uname().machine
+    if machine not in AUDIT_ARCHES:
+        raise UsageError(f"the sandbox supports x86_64 and aarch64, not {machine}; run with --sandbox off")
+    lib = load_libc()
+    ruleset, warning = landlock_ruleset(lib, roots, network)
+    program = seccomp_filter(machine, network, unix)
+    for namespaces in (True, False):
+        spawner = Spawner(Confinement(lib, ruleset, program, namespaces).enter)
+        try:
+            spawner.popen(["true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True).wait()
+            break
+        except (OSError, subprocess.SubprocessError) as error:
+            spawner.shutdown()
+            if not namespaces:
+                os.close(ruleset)
+                raise UsageError(f"the sandbox could not be applied: {error}") from None
+    if not namespaces:
+        warning = "; ".join(filter(None, [warning, "this kernel gives confined commands no namespaces of their own: "
+                                                   "they can read the environments of the user's other processes"]))
+    return Sandbox(mode, roots, network, spawner, unix), warning
 
 
 # --- Tools ----------------------------------------------------------------------------------------
@@ -455,6 +720,7 @@ class ToolContext(NamedTuple):
     leftovers: Leftovers | None = None  # takes pipes that background processes hold; None: close them
     reads: dict | None = None  # the conversation's earlier full Reads: (path, offset, limit) -> file stamp
     sandbox: Sandbox | None = None  # where writes may go; None: anywhere
+    spawner: Spawner | None = None  # starts processes that die with solo; None: plain Popen (in tests)
 
 
 class Tool(NamedTuple):
@@ -775,6 +1041,12 @@ def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, 
     return {name: value for name, value in env.items() if not secret(name)}
 
 
+def starter(ctx: ToolContext) -> Callable[..., subprocess.Popen]:
+    """How the context starts processes: confined in a sandbox, else set to die with solo, else plainly."""
+    spawner = ctx.sandbox.spawner if ctx.sandbox else ctx.spawner
+    return spawner.popen if spawner else subprocess.Popen
+
+
 def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) -> str:
     """Run a command with bash in its own process group; return its output and exit code."""
     timeout = min(timeout, BASH_MAX_TIMEOUT_MS) if timeout > 0 else BASH_TIMEOUT_MS
@@ -783,7 +1055,7 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
     try:
         try:
             with signals_held():  # a stop signal is taken once the command is known, so it is always killed
-                proc = (ctx.sandbox.popen if ctx.sandbox else subprocess.Popen)(
+                proc = starter(ctx)(
                     ["bash", "-c", command], cwd=ctx.cwd, env=ctx.env, stdin=subprocess.DEVNULL, stdout=write_fd,
                     stderr=write_fd, start_new_session=True)
         finally:
@@ -1396,6 +1668,8 @@ def forked_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> tuple[i
     if pid == 0:  # the child: run the call, hand back the result, leave without running any of the parent's exit code
         try:
             os.close(read_fd)
+            if ctx.spawner:
+                ctx.spawner.die_with_parent()
             data = memoryview(run_tool_call(call, tools, ctx).encode("utf-8", errors="replace"))
             while data:
                 data = data[os.write(write_fd, data):]
@@ -1488,8 +1762,8 @@ class McpServer:
     tools, calls with a time limit, and the requests it sends back (ping, roots/list)."""
 
     def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
-                 sandbox: Sandbox | None = None):
-        self.name, self.spec, self.cwd, self.env, self.emit, self.sandbox = name, spec, cwd, env, emit, sandbox
+                 spawner: Spawner | None = None):
+        self.name, self.spec, self.cwd, self.env, self.emit, self.spawner = name, spec, cwd, env, emit, spawner
         self.state, self.error, self.tools, self.proc, self.closed = "starting", "", [], None, False
         self.lock, self.writing, self.pending, self.ids = threading.Lock(), threading.Lock(), {}, itertools.count(1)
         self.timeout = 10.0
@@ -1532,7 +1806,7 @@ class McpServer:
         with self.lock:  # stop() waits for a start under way, so a server is never left behind
             if self.closed:
                 raise McpError("stopped")
-            self.proc = (self.sandbox.popen if self.sandbox else subprocess.Popen)(
+            self.proc = (self.spawner.popen if self.spawner else subprocess.Popen)(
                 command, cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True)
         threading.Thread(target=self.read, daemon=True).start()
@@ -1669,9 +1943,9 @@ def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> 
 
 
 def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None],
-              sandbox: Sandbox | None) -> list[McpServer]:
+              spawner: Spawner | None) -> list[McpServer]:
     """Every configured server, started at once; a server that fails gives one warning and is left out."""
-    servers = [McpServer(name, spec, cfg.cwd, env, emit, sandbox) for name, spec in cfg.mcp]
+    servers = [McpServer(name, spec, cfg.cwd, env, emit, spawner) for name, spec in cfg.mcp]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
     try:
         for thread in threads:
@@ -2651,9 +2925,11 @@ class Agent:
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
         self.scratch, self.servers = None, []  # a read-only sandbox's private temp folder; the MCP servers
         sandbox = self.confine()
+        self.spawner = sandbox.spawner if sandbox else Spawner()
         tool_env = {**command_env(env, cfg.pass_env), **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
-        self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox)
-        self.servers = start_mcp(cfg, tool_env, emit, sandbox)  # confined like commands: a project's .mcp.json too
+        self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
+                               spawner=self.spawner)
+        self.servers = start_mcp(cfg, tool_env, emit, self.spawner)  # confined like commands: a project's .mcp.json too
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
                 tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout)
@@ -2671,7 +2947,7 @@ class Agent:
             roots = (self.scratch,)
         try:
             roots = tuple(Path(os.path.realpath(root)) for root in roots if os.path.isdir(root))
-            sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network)
+            sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix)
         except BaseException:
             self.close()
             raise
@@ -2679,13 +2955,15 @@ class Agent:
             self.notice(warning)
         if self.cfg.verbose:
             self.notice(f"sandbox {self.cfg.sandbox}: writes only under {', '.join(map(str, roots))}; network "
-                        f"{'on' if self.cfg.sandbox_network else 'off'}")
+                        f"{'on' if self.cfg.sandbox_network else 'off'}; unix sockets "
+                        f"{'on' if self.cfg.sandbox_unix else 'off'}")
         return sandbox
 
     def close(self) -> None:
-        """End the MCP servers; remove a read-only sandbox's temp folder."""
+        """End the MCP servers and whatever commands left running; remove a read-only sandbox's temp folder."""
         for server in self.servers:
             server.stop()
+        end_orphans()
         if self.scratch:
             import shutil
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -2816,6 +3094,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "file edits do not ask; plan: read-only tools only; bypassPermissions: nothing asks")
     add("--sandbox", choices=SANDBOX_MODES, help="confine commands and file tools: read-only, workspace-write, off")
     add("--sandbox-network", choices=("on", "off"), help="commands may open network connections in a sandbox (off)")
+    add("--sandbox-unix-sockets", choices=("on", "off"), help="commands may open unix sockets in a sandbox (off)")
     add("--add-dir", action="append", default=[], metavar="DIR", help="workspace-write: one more folder to write in")
     add("--version", action="store_true", help="print the version and exit")
     return parser.parse_args(argv)
@@ -2891,7 +3170,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         session_days=env_number(env, "SOLO_SESSION_DAYS", 30), partial_messages=args.include_partial_messages,
         pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))), session_id=new_uuid(),
         permission_mode="bypassPermissions" if args.yes else args.permission_mode or "default", sandbox=sandbox,
-        sandbox_network=args.sandbox_network == "on", add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir),
+        sandbox_network=args.sandbox_network == "on", sandbox_unix=args.sandbox_unix_sockets == "on",
+        add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir),
         solo_home=Path(solo_home) if (solo_home := env.get("SOLO_HOME", "").strip()) else home and home / ".solo")
 
 

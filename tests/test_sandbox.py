@@ -82,9 +82,9 @@ def snapshot(folder: Path, skip: Path | None = None) -> dict[str, str]:
 
 
 def note(mode: str, roots: list, network: bool = False) -> str:
-    """The line the sandbox adds to a command it may have stopped."""
-    return (f"[the sandbox ({mode}) denied part of this: commands may write only under "
-            f"{', '.join(map(str, roots))}" + ("" if network else " and may not open TCP connections") + "]")
+    """The line the sandbox adds to a command it may have stopped (unix sockets are off in these runs)."""
+    return (f"[the sandbox ({mode}) may have stopped part of this: commands may write only under "
+            f"{', '.join(map(str, roots))} and may not open " + ("unix" if network else "network or unix") + " sockets]")
 
 
 def outside_error(file_path: str, roots: list) -> str:
@@ -206,7 +206,8 @@ def test_a_poisoned_readme_cannot_reach_outside_the_workspace(serve, run, worksp
     results, before, connections = poisoned_run(serve, run, workspace, outside, home, listener, private_tmp, flags, env)
     line = note("workspace-write", [real(workspace), real(private_tmp), "/dev/shm"])
     for step in ("step0", "step1", "step2"):  # delete outside, write into $HOME, connect: each fails, each says why
-        assert "Permission denied" in results[step] and results[step].endswith(f"\n[exit code 1]\n{line}"), results[step]
+        denied = "Operation not permitted" if step == "step2" else "Permission denied"  # no socket at all
+        assert denied in results[step] and results[step].endswith(f"\n[exit code 1]\n{line}"), results[step]
     assert (snapshot(outside), snapshot(home)) == before
     assert (outside / "precious.txt").read_text() == "old\n" and not (home / "pwned.txt").exists()
     assert connections == 0
@@ -566,8 +567,8 @@ def bystander():
 @pytest.mark.skipif(landlock_abi() < 6, reason="Landlock scopes signals from ABI 6 on")
 def test_a_confined_command_cannot_signal_a_process_outside_the_sandbox(confined, bystander):
     result = agent.tool_bash(confined, f"kill -TERM {bystander.pid}")
-    assert "Operation not permitted" in result and result.endswith("[exit code 1]\n" + note(
-        "workspace-write", list(confined.sandbox.roots))), result
+    # In its own PID namespace the bystander cannot even be seen; without one, Landlock's scope refuses the signal
+    assert re.search(r"No such process|Operation not permitted", result) and "[exit code 1]" in result, result
     assert bystander.poll() is None
 
 
