@@ -88,7 +88,10 @@ EDIT_MAX_BYTES = 20_000_000  # Edit holds the whole file in memory: refuse beyon
 BASH_TIMEOUT_MS, BASH_MAX_TIMEOUT_MS = 120_000, 600_000
 BACKGROUND_GRACE = 0.3  # seconds to drain output after the shell exits before giving up on it
 SEARCH_SECONDS = 30.0  # Glob and Grep stop here: a huge tree or a runaway regex must not hang the agent
-SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD")
+SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "CREDENTIAL", "WEBHOOK")  # anywhere in a variable's name
+SECRET_PARTS = {"PASS", "PAT", "AUTH"}  # as a whole part of a name (GITHUB_PAT, not PATH; NPM_AUTH, not AUTHOR)
+NOT_SECRETS = {"SSH_AUTH_SOCK"}  # a socket's path
+SECRET_URL = re.compile(r"[a-z][\w+.-]*://[^/\s:@]*:[^/\s@]+@", re.IGNORECASE)  # a URL with a password
 SKIP_DIRS = {".git", ".hg", ".svn"}
 SNIFF_BYTES = 8192  # bytes looked at to decide whether a file is text
 SKILL_LIMIT = 256_000  # bytes of one SKILL.md
@@ -441,8 +444,11 @@ PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
 # Landlock's rights that change files, each with the ABI that has it: write, remove dir/file, make char/dir/reg/
 # sock/fifo/block/sym, then refer (2), truncate (3), ioctl on devices (5)
 WRITE_RIGHTS = [(1 << bit, 1) for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)] + [(1 << 13, 2), (1 << 14, 3), (1 << 15, 5)]
+FILE_ONLY_RIGHTS = (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # what a rule on a file (not a folder) may grant
 DEVICE_RIGHTS = (1 << 6) | (1 << 11) | (1 << 15)  # make char/block devices, ioctl on them: granted nowhere
 NULL_RIGHTS = (1 << 1) | (1 << 14)  # write and truncate /dev/null, the one device commands may write
+READ_FILE = 1 << 2  # granted everywhere but on terminals: a confined command cannot read the user's keys
+TERMINALS = re.compile(r"tty|pts|console|vcs|hvc|ptmx")  # names under /dev of terminals and their multiplexer
 DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system|Invalid cross-device link")
 SYSCALLS = {  # name: number on x86_64, on aarch64 (checked against the kernel headers by the tests)
     "socket": (41, 198), "ioctl": (16, 29), "clone": (56, 220), "clone3": (435, 435), "capset": (126, 91),
@@ -540,18 +546,23 @@ def landlock_ruleset(lib: Any, roots: tuple[Path, ...], network: bool) -> tuple[
     if abi < 1:
         raise UsageError(f"this kernel has no Landlock ({os.strerror(ctypes.get_errno())}): a sandbox cannot be "
                          "enforced here; run with --sandbox off to go on without one")
-    handled = sum(right for right, since in WRITE_RIGHTS if abi >= since)
+    handled = sum(right for right, since in WRITE_RIGHTS if abi >= since) | READ_FILE
     net = 0 if network or abi < 4 else 0b11  # BIND_TCP, CONNECT_TCP
     scoped = 0b11  # abstract unix sockets and signals: no reaching processes outside the sandbox (ABI 6)
     attr = struct.pack("<QQQ", handled, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
     ruleset = lib.syscall(444, attr, len(attr), 0)
     if ruleset < 0:
         raise UsageError(f"the Landlock ruleset could not be made: {os.strerror(ctypes.get_errno())}")
-    rules = [(root, handled & ~DEVICE_RIGHTS) for root in roots] + [(Path("/dev/null"), NULL_RIGHTS)]
+    readable = [Path(entry.path) for top in ("/", "/dev") for entry in os.scandir(top) if entry.path != "/dev"
+                and not entry.is_symlink() and not (top == "/dev" and TERMINALS.match(entry.name))
+                and stat.S_IFMT(entry.stat().st_mode) in (stat.S_IFDIR, stat.S_IFREG, stat.S_IFCHR, stat.S_IFBLK)]
+    rules = [(root, handled & ~DEVICE_RIGHTS) for root in roots] + [(Path("/dev/null"), NULL_RIGHTS)] + \
+        [(path, READ_FILE) for path in readable]
     for path, rights in rules:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         try:
-            if lib.syscall(445, ruleset, 1, struct.pack("<Qi", rights & handled, fd), 0):  # PATH_BENEATH
+            rights &= handled if os.path.isdir(path) else handled & FILE_ONLY_RIGHTS
+            if lib.syscall(445, ruleset, 1, struct.pack("<Qi", rights, fd), 0):  # PATH_BENEATH
                 raise UsageError(f"the sandbox could not allow {path}: {os.strerror(ctypes.get_errno())}")
         finally:
             os.close(fd)
@@ -600,10 +611,14 @@ class Confinement:
         child becomes the namespace's init (confined too), the second returns True, confined, to exec."""
         lib = self.lib
         self.check(lib.unshare(0x10000000 | 0x20000000 | 0x20000), "unshare")  # CLONE_NEWUSER, NEWPID, NEWNS
-        for name, data in self.maps:
-            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-            os.write(fd, data)
-            os.close(fd)
+        lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # else /proc/self is root's, and only root may write the maps
+        try:
+            for name, data in self.maps:
+                fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+                os.write(fd, data)
+                os.close(fd)
+        finally:
+            lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no process of the user may read this copy of solo's memory
         read, write = os.pipe()
         self.check(pid := lib.fork(), "fork")
         if pid:
@@ -611,6 +626,9 @@ class Confinement:
         lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
         self.check(lib.mount(None, b"/", None, 0x44000, None), "mount")  # MS_REC | MS_PRIVATE
         self.check(lib.mount(b"proc", b"/proc", b"proc", 0xE, None), "mount /proc")  # nosuid, nodev, noexec
+        proc = os.open("/proc", os.O_PATH | os.O_CLOEXEC)  # a new file system: the read rule on the old one misses it
+        self.check(lib.syscall(445, self.ruleset, 1, struct.pack("<Qi", READ_FILE, proc), 0), "landlock /proc")
+        os.close(proc)
         self.restrict()
         self.check(pid := lib.fork(), "fork")
         if pid:
@@ -1034,11 +1052,17 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     return f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}"
 
 
+def is_secret(name: str, value: str) -> bool:
+    """Whether a variable looks like it holds a secret, by its name or its value."""
+    upper = name.upper()
+    return name not in NOT_SECRETS and (any(word in upper for word in SECRET_WORDS) or bool(SECRET_URL.match(value))
+                                        or not SECRET_PARTS.isdisjoint(re.split(r"[^A-Z]+", upper)))
+
+
 def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, str]:
     """The environment for commands: secret-looking variables removed unless passed by name."""
-    def secret(name: str) -> bool:
-        return name == "OPENROUTER_API_KEY" or (name not in passed and any(w in name.upper() for w in SECRET_WORDS))
-    return {name: value for name, value in env.items() if not secret(name)}
+    return {name: value for name, value in env.items()
+            if name != "OPENROUTER_API_KEY" and (name in passed or not is_secret(name, value))}
 
 
 def starter(ctx: ToolContext) -> Callable[..., subprocess.Popen]:
@@ -3552,6 +3576,9 @@ class Session:
         if tool in self.always:
             return True
         what = describe_call(self.agent.cfg.cwd, tool, args)
+        if running := orphans(self.agent.spawner.pids):  # they could type into this terminal or redraw it
+            self.reporter.say("still running from earlier commands:\n" + "\n".join(
+                f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
         self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to change {what}")
         with contextlib.suppress(OSError, ValueError):  # what was typed before the question does not answer it
             import termios
@@ -3729,19 +3756,20 @@ def standard_streams() -> None:
         stream.reconfigure(errors="replace")
 
 
-def scrub_environ(name: str) -> None:
-    """Blank a variable's value in this process's original environment block, which /proc/<pid>/environ shows to
-    every command run by the same user; os.environ keeps it."""
+def scrub_environ(names: set[str]) -> None:
+    """Blank variables' values in this process's original environment block, which /proc/<pid>/environ shows to
+    every command run by the same user; os.environ keeps them."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         start, end = int(fields[47]), int(fields[48])  # env_start, env_end
         with open("/proc/self/mem", "r+b", buffering=0) as memory:
             memory.seek(start)
-            offset, key = start, name.encode() + b"="
+            offset = start
             for entry in memory.read(end - start).split(b"\0"):
-                if entry.startswith(key):
-                    memory.seek(offset + len(key))
-                    memory.write(b"\0" * (len(entry) - len(key)))
+                name = entry.partition(b"=")[0]
+                if name.decode(errors="replace") in names:
+                    memory.seek(offset + len(name) + 1)
+                    memory.write(b"\0" * (len(entry) - len(name) - 1))
                 offset += len(entry) + 1
 
 
@@ -3754,7 +3782,8 @@ def cli() -> None:
         signal.signal(signal.SIGHUP, terminated)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with Ctrl-C ignored
     standard_streams()
-    scrub_environ("OPENROUTER_API_KEY")
+    scrub_environ(set(os.environ) - set(command_env(dict(os.environ))))  # what commands may not see, nobody may
+    guard_process()
     code = main()
     try:
         sys.stdout.flush()

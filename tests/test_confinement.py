@@ -1,0 +1,399 @@
+"""Confinement that holds (issue 20, items 1-3, 7, 8): the attacks that escaped the last round's sandbox, each
+re-run against the real kernel. Commands are confined between fork and exec, in their own namespaces, with no
+capabilities, a seccomp filter on sockets and on the calls that reach other processes, and no terminal; solo is
+not dumpable, ends what commands leave behind, and blanks every secret in its own environment.
+
+The in-process tests run commands through a confined ToolContext (the pytest process stands in for solo); the
+end-to-end ones run ./your_program.sh, and some again as an ordinary user (nobody) when the tests run as root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app import main as agent
+from tests.conftest import PROGRAM, PROMPT
+from tests.fake_openrouter import call, reply
+from tests.test_sandbox import confined, outside, private_tmp, real, script  # noqa: F401 (fixtures)
+
+MACHINE = os.uname().machine
+
+
+def python(code: str) -> str:
+    """A command that runs Python code (single quotes kept out of it)."""
+    assert "'" not in code
+    return f"python3 -c '{code}'"
+
+
+def fails(result: str) -> bool:
+    """A command result that ended in an error the kernel gave."""
+    return bool(re.search(r"Operation not permitted|Permission denied|No such process", result)) and \
+        "[exit code 0]" not in result
+
+
+# --- 1. Nothing confined shares memory with solo ------------------------------------------------------
+
+
+def test_the_agent_has_no_confined_thread():
+    """No thread of this process is under a seccomp filter or no_new_privs after a sandbox is made."""
+    sandbox, _ = agent.make_sandbox("workspace-write", (Path(real(Path.cwd())),), False)
+    try:
+        for task in Path("/proc/self/task").iterdir():
+            status = (task / "status").read_text()
+            assert "NoNewPrivs:\t0" in status and "Seccomp:\t0" in status, status
+    finally:
+        sandbox.spawner.shutdown()
+
+
+PTRACE = ("import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); pid = int(sys.argv[1]); "
+          "tasks = os.listdir(f\"/proc/{pid}/task\") if os.path.exists(f\"/proc/{pid}/task\") else [str(pid)]; "
+          "print([(t, libc.ptrace(16, int(t), 0, 0), ctypes.get_errno()) for t in tasks])")  # PTRACE_ATTACH
+
+
+def test_a_confined_command_cannot_attach_to_any_thread_of_the_agent(confined):
+    result = agent.tool_bash(confined, python(PTRACE) + f" {os.getpid()}")
+    attached = [int(t) for t, code, _ in eval(result.split("\n")[0])] if result.startswith("[") else []
+    assert "[exit code 0]" in result and all(code == -1 for _, code, _ in eval(result.split("\n")[0])), result
+    assert attached  # the attempt was really made
+    assert "TracerPid:\t0" in Path("/proc/self/status").read_text()
+
+
+def test_a_confined_command_cannot_read_the_agents_memory_or_environment(confined):
+    pid = os.getpid()
+    result = agent.tool_bash(confined, f"cat /proc/{pid}/environ /proc/{pid}/task/*/mem /proc/{pid}/mem 2>&1 | head -c 300")
+    assert "No such file" in result and "OPENROUTER" not in result and "PATH=" not in result, result
+
+
+def test_process_vm_readv_and_keyctl_and_bpf_are_refused(confined):
+    code = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); nr = %s; "
+            "print([(n, libc.syscall(nr[n], 0, 0, 0, 0, 0), ctypes.get_errno()) for n in nr])")
+    numbers = {name: agent.SYSCALLS[name][MACHINE == "aarch64"] for name in
+               ("process_vm_readv", "keyctl", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "unshare",
+                "setns", "mount", "open_by_handle_at")}
+    result = agent.tool_bash(confined, python(code % json.dumps(numbers)))
+    answers = eval(result.split("\n")[0])
+    assert answers and all(code == -1 and err == 1 for _, code, err in answers), result  # EPERM, from the filter
+
+
+def test_the_syscall_numbers_are_the_kernels():
+    header = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
+              "aarch64": "/usr/include/asm-generic/unistd.h"}.get(MACHINE, "")
+    if not os.path.exists(header):
+        pytest.skip(f"no kernel headers for {MACHINE} on this machine")
+    defined = dict(re.findall(r"#define __NR_?(\w+)\s+(\d+)", Path(header).read_text()))
+    for name, numbers in agent.SYSCALLS.items():
+        assert int(defined[name]) == numbers[MACHINE == "aarch64"], name
+
+
+# --- 2. Network off means no socket but socketpair ----------------------------------------------------
+
+
+SOCKETS = {  # name: Python that opens (and where it can, uses) such a socket; prints "opened" when it could
+    "tcp": "s = socket.create_connection((\"127.0.0.1\", {tcp}), 2); print(\"opened\")",
+    "mptcp": "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262); s.connect((\"127.0.0.1\", {tcp})); "
+             "print(\"opened\")",
+    "udp": "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b\"secret\", (\"127.0.0.1\", {udp})); "
+           "print(\"opened\")",
+    "udp6": "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); print(\"opened\")",
+    "icmp": "s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); print(\"opened\")",
+    "ping": "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); print(\"opened\")",
+    "packet": "s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); print(\"opened\")",
+    "netlink": "s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0); print(\"opened\")",
+    "unix": "s = socket.socket(socket.AF_UNIX); s.connect(\"{unix}\"); print(\"opened\")",
+    "socketpair": "a, b = socket.socketpair(); print(\"opened\")",
+    "io_uring": "import ctypes; libc = ctypes.CDLL(None, use_errno=True); p = ctypes.create_string_buffer(120); "
+                "fd = libc.syscall(425, 4, p); print(\"opened\" if fd >= 0 else ctypes.get_errno())",
+}
+
+
+@pytest.fixture
+def listeners(tmp_path):
+    """A TCP, a UDP and a pathname unix listener on this machine, outside the sandbox."""
+    tcp = socket.create_server(("127.0.0.1", 0))
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    unix = socket.socket(socket.AF_UNIX)
+    path = str(tmp_path / "daemon.sock")
+    unix.bind(path)
+    unix.listen()
+    for s in (tcp, udp, unix):
+        s.setblocking(False)
+    yield {"tcp": tcp.getsockname()[1], "udp": udp.getsockname()[1], "unix": path, "sockets": (tcp, udp, unix)}
+    for s in (tcp, udp, unix):
+        s.close()
+
+
+def reached(sockets) -> list[str]:
+    """Which of the listeners got a connection or a datagram."""
+    got = []
+    for name, s in zip(("tcp", "udp", "unix"), sockets):
+        try:
+            s.recv(100) if name == "udp" else s.accept()
+            got.append(name)
+        except BlockingIOError:
+            pass
+    return got
+
+
+@pytest.mark.parametrize("network, unix, allowed", [
+    (False, False, {"socketpair"}),
+    (True, False, {"socketpair", "tcp", "udp", "udp6"}),
+    (False, True, {"socketpair", "unix"}),
+])
+def test_only_the_socket_kinds_allowed_can_be_opened(workspace, private_tmp, listeners, network, unix, allowed):
+    roots = (Path(real(workspace)), Path(real(private_tmp)))
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, network, unix)
+    ctx = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)), sandbox=sandbox)
+    try:
+        opened = set()
+        for name, code in SOCKETS.items():
+            result = agent.tool_bash(ctx, python("import socket; " + code.format(**listeners)))
+            if result.startswith("opened"):
+                opened.add(name)
+            else:
+                assert "Error" in result or "\n1\n" in result or result.startswith(("1\n", "Traceback")), result
+        assert opened == allowed
+        assert set(reached(listeners["sockets"])) == allowed & {"tcp", "udp", "unix"}
+    finally:
+        sandbox.spawner.shutdown()
+
+
+def test_a_daemon_behind_a_unix_socket_cannot_be_asked_to_run_a_command(confined, tmp_path):
+    """tmux's server runs what a client asks, unconfined: with unix sockets off it cannot be reached."""
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed")
+    sock, marker = tmp_path / "tmux.sock", tmp_path / "escaped"
+    subprocess.run(["tmux", "-S", str(sock), "new-session", "-d", "sleep 30"], check=True)
+    try:
+        result = agent.tool_bash(confined, f"tmux -S {sock} run-shell 'touch {marker}'")
+        assert "[exit code 0]" not in result and not marker.exists(), result
+    finally:
+        subprocess.run(["tmux", "-S", str(sock), "kill-server"], check=False)
+
+
+# --- 3. No capabilities, no terminal, no devices ---------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root command's capabilities are what this takes away")
+@pytest.mark.parametrize("command", [
+    "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status | grep -v '0000000000000000' && exit 1 || exit 0",
+    "! hostname solo-was-here",
+    "! ip addr add 192.0.2.7/32 dev lo 2>&1",
+    "! mknod disk b 7 0",
+    "! mknod char c 1 3",
+    "! " + python("import time; time.clock_settime(time.CLOCK_REALTIME, time.clock_gettime(time.CLOCK_REALTIME))"),
+    python("import fcntl, termios; fcntl.ioctl(0, termios.TIOCSTI, b\"x\")") + " 2>&1 | grep -q 'not permitted'",
+    python("import fcntl; fcntl.ioctl(0, 0x541C, b\"x\")") + " 2>&1 | grep -q 'not permitted'",
+    "! echo typed > /dev/tty",
+    "! unshare -U true",
+    "! mount -t tmpfs none /mnt",
+])
+def test_root_inside_the_sandbox_has_no_power(confined, command):
+    hostname = socket.gethostname()
+    result = agent.tool_bash(confined, command)
+    assert result.endswith("[exit code 0]") or "[exit code 0]\n" in result, result
+    assert socket.gethostname() == hostname
+    assert not (confined.cwd / "disk").exists() and not (confined.cwd / "char").exists()
+
+
+def test_a_confined_command_cannot_open_a_terminal_of_the_user(confined):
+    master, slave = os.openpty()
+    try:
+        path = os.ttyname(slave)
+        result = agent.tool_bash(confined, f"echo typed > {path}; cat {path}; exec 3<>/dev/ptmx")
+        assert result.count("Permission denied") == 3, result
+        os.set_blocking(master, False)
+        with pytest.raises(BlockingIOError):
+            os.read(master, 100)  # nothing was typed
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_confined_commands_run_in_a_new_session_with_no_terminal(confined):
+    result = agent.tool_bash(confined, "ps -o sid=,tty= -p $$; test -t 0 || test -t 1 || echo no-tty")
+    assert "no-tty" in result and "?" in result, result
+
+
+# --- 7. Nothing a command starts outlives the agent ---------------------------------------------------
+
+
+def lingering(marker: str) -> str:
+    """A command that runs for 5 minutes with the marker in its command line."""
+    return f"sh -c 'sleep 300; true {marker}'"
+
+
+def pids_with(marker: str) -> list[int]:
+    """Processes whose command line holds the marker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def wait_until_gone(marker: str, seconds: float = 5) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (left := pids_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.parametrize("flags", [[], ["--sandbox", "workspace-write"]])
+def test_background_setsid_and_nohup_children_end_when_the_agent_does(serve, run, workspace, private_tmp, flags):
+    marker = f"solo-leftover-{os.getpid()}-{len(flags)}"
+    commands = [f"{lingering(marker)} > /dev/null 2>&1 &", f"nohup {lingering(marker)} > /dev/null 2>&1 &",
+                f"setsid {lingering(marker)} > /dev/null 2>&1 < /dev/null &",
+                f"(setsid sh -c \"{lingering(marker)} &\" &) > /dev/null 2>&1"]
+    server = serve(script([call("Bash", {"command": c}, id=f"c{i}") for i, c in enumerate(commands)]))
+    result = run(["-p", "go", *flags], cwd=workspace, base_url=server.url, env={"TMPDIR": str(private_tmp)})
+    assert result.code == 0, result.stderr
+    assert wait_until_gone(marker) == []
+
+
+def test_a_running_command_dies_with_a_killed_agent(serve, workspace, tmp_path):
+    marker = f"solo-orphan-{os.getpid()}"
+    server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": lingering(marker)}, id="c")]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
+    env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="k", HOME=str(tmp_path))
+    proc = subprocess.Popen([str(PROGRAM), "-p", "go"], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not pids_with(marker):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert wait_until_gone(marker) == []
+
+
+def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve, terminal, workspace):
+    marker = f"solo-typist-{os.getpid()}"
+    steps = [[call("Bash", {"command": f"{lingering(marker)} > /dev/null 2>&1 &"}, id="a")],
+             [call("Bash", {"command": "git status"}, id="b")]]
+    server = serve(script(*steps))
+    session = terminal(server)
+    session.send("go\r")
+    session.expect(r"Allow Bash\? \[y/n/a\] ")
+    session.send("y\r")
+    screen = session.expect(r"Allow Bash\? \[y/n/a\] ")
+    assert "still running from earlier commands" in screen and marker in screen, screen
+    assert screen.index(marker) < screen.index("git status")
+    session.send("n\r")
+    session.expect(PROMPT)
+    session.send("/exit\r")
+    assert session.wait() == 0
+    assert wait_until_gone(marker) == []
+
+
+# --- 8. Secrets ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, value, secret", [
+    ("GITHUB_PAT", "ghp_x", True), ("PATH", "/bin", False), ("NPM_AUTH", "x", True),
+    ("GIT_AUTHOR_NAME", "Ada", False), ("MY_PASS", "x", True), ("PGPASSWORD", "x", True),
+    ("SLACK_WEBHOOK_URL", "https://hooks.example/x", True), ("AWS_CREDENTIALS", "x", True),
+    ("DATABASE_URL", "postgres://user:pw@db.example/app", True), ("HOMEPAGE", "https://example.org/a@b", False),
+    ("SSH_AUTH_SOCK", "/tmp/agent.sock", False), ("COMPASS", "north", False), ("API_KEY", "x", True),
+])
+def test_the_secret_filter(name, value, secret):
+    assert agent.is_secret(name, value) is secret
+    assert (name in agent.command_env({name: value})) is not secret
+
+
+def test_the_agents_own_environment_holds_no_secret(serve, run, workspace):
+    """A command reads /proc/<solo>/environ (its parent's, unconfined; root could read it even non-dumpable)."""
+    server = serve(script([call("Bash", {"command": "tr '\\0' '\\n' < /proc/$PPID/environ"}, id="env")]))
+    secrets = {"MY_TOKEN": "tok-41a", "DATABASE_URL": "postgres://u:pw-41b@db/app", "GITHUB_PAT": "pat-41c"}
+    result = run(["-p", "go"], cwd=workspace, base_url=server.url, env=secrets)
+    assert result.code == 0, result.stderr
+    environ = [m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool"][0]
+    assert "HOME=" in environ  # it was read
+    for value in [*secrets.values(), "sk-test-secret-123"]:
+        assert value not in environ
+
+
+def test_a_confined_command_cannot_read_another_processs_environment(confined):
+    """The user's shell holds the API key in its environment: in its own PID namespace, a command cannot see it."""
+    shell = subprocess.Popen(["sleep", "30"], env={"OPENROUTER_API_KEY": "sk-shell-secret"})
+    try:
+        result = agent.tool_bash(confined, f"cat /proc/{shell.pid}/environ; ls /proc | grep -c '^[0-9]'")
+        assert "sk-shell-secret" not in result and "No such file" in result, result
+    finally:
+        shell.kill()
+        shell.wait()
+
+
+def test_solo_is_not_dumpable(serve, run, workspace):
+    server = serve(script([call("Bash", {"command": "stat -c %U /proc/$PPID/mem; grep -c . /proc/$PPID/status"},
+                                id="s")]))
+    result = run(["-p", "go"], cwd=workspace, base_url=server.url)
+    assert result.code == 0, result.stderr
+    assert [m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool"][0].startswith("root\n")
+
+
+# --- As an ordinary user -------------------------------------------------------------------------------
+
+
+HOSTILE = [
+    "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c sk-test-secret-123",
+    python("import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print(\"udp opened\")"),
+    python(PTRACE) + " 1",
+    "echo escaped > {outside}/escaped",
+]
+
+
+def as_nobody() -> list[str]:
+    """The program's command line for nobody: the system's Python 3.11 (the venv's lives under /root), with the
+    checkout and the venv's packages on its path."""
+    interpreter = shutil.which("python3.11", path="/usr/bin:/usr/local/bin")
+    if not interpreter:
+        pytest.skip("no Python 3.11 that nobody may run")
+    packages = next((Path(PROGRAM).parent / ".venv" / "lib").glob("python3*/site-packages"))
+    start = "import sys; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]; from app.main import cli; cli()"
+    return [interpreter, "-P", "-c", start, str(Path(PROGRAM).parent), str(packages)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become nobody")
+def test_the_attacks_fail_for_an_ordinary_user_too(serve, tmp_path):
+    base = Path("/var/tmp") / f"solo-nobody-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    (base / "ws").mkdir(parents=True)
+    (base / "outside").mkdir()
+    (base / "home").mkdir()
+    for path in (base, base / "ws", base / "home"):
+        os.chown(path, 65534, 65534)
+    os.chmod(base / "outside", 0o777)  # the sandbox, not file permissions, must stop the write
+    try:
+        server = serve(script([call("Bash", {"command": c.replace("{outside}", str(base / "outside"))}, id=f"h{i}")
+                               for i, c in enumerate(HOSTILE)]))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
+        env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="sk-test-secret-123", HOME=str(base / "home"),
+                   TMPDIR=str(base / "ws"))
+        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *as_nobody(),
+                               "-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"],
+                              cwd=base / "ws", env=env, capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0 and "namespaces" not in proc.stderr, proc.stderr
+        results = [m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool"]
+        assert results[0].startswith("0\n"), results[0]
+        assert "udp opened" not in results[1] and "not permitted" in results[1], results[1]
+        assert results[2].startswith("[('1', -1, 1)]"), results[2]  # only its own init to see, and no attaching
+        assert "Permission denied" in results[3] and not (base / "outside" / "escaped").exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
