@@ -206,10 +206,10 @@ def long_session(workspace: Path, turns: int = 400, window: int = 20_000) -> dic
 
 
 def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[float, float] | None:
-    """Median seconds of a trivial Bash call through tool_bash, unconfined and confined (started by the sandbox's
-    confined thread), interleaved; None when this kernel has no Landlock."""
+    """Median seconds of a trivial Bash call through tool_bash, unconfined and confined (each started by its
+    spawner, as the agent does), interleaved; None when this kernel has no Landlock."""
     from app import main as agent
-    plain = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)))
+    plain = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)), spawner=agent.Spawner())
     roots = (workspace.resolve(), Path(tempfile.gettempdir()).resolve())
     try:
         sandbox, _ = agent.make_sandbox("workspace-write", roots, False)
@@ -373,7 +373,7 @@ def main() -> None:
         ("30-turn session: prefix repeated", f"{share * 100:.1f}%", "", "target >= 95%"),
         ("30-turn session: bytes sent", f"{sent / 1000:.0f} kB", "", ""),
         ("Bash `true` via tool_bash, sandboxed", *((f"{sandbox[1] * 1000:.2f} ms", f"{sandbox[0] * 1000:.2f} ms",
-          f"+{(sandbox[1] - sandbox[0]) * 1000:.2f} ms set-up (target <= 2 ms)") if sandbox else
+          f"+{(sandbox[1] - sandbox[0]) * 1000:.2f} ms set-up (target <= 5 ms)") if sandbox else
           ("n/a", "", "this kernel has no Landlock"))),
     ]
     print_rows(rows + mcp)
