@@ -363,7 +363,8 @@ class Spawner:
     to exec by `prepare`, which runs in the child and makes only system calls prepared in advance."""
 
     def __init__(self, prepare: Callable[[], None] | None = None):
-        self.lib, self.parent, self.pids, self.lock, self.thread = load_libc(), os.getpid(), set(), threading.Lock(), None
+        self.lib, self.parent, self.pids, self.thread = load_libc(), os.getpid(), set(), None
+        self.lock = threading.Lock()
         self.prepare = prepare or self.die_with_parent
 
     def die_with_parent(self) -> None:
@@ -583,7 +584,8 @@ class Confinement:
         self.buffers = [ctypes.create_string_buffer(program)]  # kept alive: the kernel reads them in the child
         self.buffers.append(ctypes.create_string_buffer(struct.pack("<HxxxxxxQ", len(program) // 8,
                                                                     ctypes.addressof(self.buffers[0]))))
-        self.buffers += [ctypes.create_string_buffer(struct.pack("<Ii", 0x20080522, 0)), ctypes.create_string_buffer(24)]
+        header = struct.pack("<Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process; then empty sets
+        self.buffers += [ctypes.create_string_buffer(header), ctypes.create_string_buffer(24)]
         self.fprog, self.cap_header, self.cap_data = (ctypes.c_void_p(ctypes.addressof(b)) for b in self.buffers[1:])
         self.capset = SYSCALLS["capset"][os.uname().machine == "aarch64"]
         self.last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text().strip() or 40)

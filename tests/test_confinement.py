@@ -9,14 +9,12 @@ end-to-end ones run ./your_program.sh, and some again as an ordinary user (nobod
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -71,7 +69,8 @@ def test_a_confined_command_cannot_attach_to_any_thread_of_the_agent(confined):
 
 def test_a_confined_command_cannot_read_the_agents_memory_or_environment(confined):
     pid = os.getpid()
-    result = agent.tool_bash(confined, f"cat /proc/{pid}/environ /proc/{pid}/task/*/mem /proc/{pid}/mem 2>&1 | head -c 300")
+    command = f"cat /proc/{pid}/environ /proc/{pid}/task/*/mem /proc/{pid}/mem 2>&1 | head -c 300"
+    result = agent.tool_bash(confined, command)
     assert "No such file" in result and "OPENROUTER" not in result and "PATH=" not in result, result
 
 
