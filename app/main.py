@@ -484,7 +484,7 @@ class Sandbox(NamedTuple):
 
     def check(self, path: Path, file_path: str) -> None:
         """ToolError for a write that resolves (symlinks and '..' followed) outside the writable folders."""
-        real = Path(os.path.realpath(path))
+        real = resolved(path, file_path)
         if not any(real.is_relative_to(root) for root in self.roots):
             raise ToolError(f"{file_path} is outside the folders this sandbox lets you write "
                             f"({', '.join(map(str, self.roots))})")
@@ -712,6 +712,149 @@ def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool =
         warning = "; ".join(filter(None, [warning, "this kernel gives confined commands no namespaces of their own: "
                                                    "they can read the environments of the user's other processes"]))
     return Sandbox(mode, roots, network, spawner, unix), warning
+
+
+# --- Writing inside the sandbox -------------------------------------------------------------------
+
+FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a folder handle, never through a symlink
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
+WRITE_ERRORS = {errno.ELOOP: "a symbolic link took the place of a folder on its path; nothing was written",
+                errno.EXDEV: "a symbolic link took the place of a folder on its path; nothing was written",
+                errno.ENOTDIR: "a parent of it is not a folder (a file, or a symbolic link that took a folder's place)"}
+
+
+def openat2(dir_fd: int, path: str, flags: int) -> int:
+    """openat2(2) of a relative path beneath dir_fd following no symlink and no '..' out; OSError (ENOSYS: a
+    kernel before 5.6)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    how = struct.pack("QQQ", flags, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    fd = libc.syscall(437, dir_fd, os.fsencode(path), how, len(how))  # openat2: 437 on x86_64 and arm64 alike
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+    return fd
+
+
+def open_folder(root: Path, rel: tuple[str, ...] = (), make: bool = False) -> int:
+    """A handle on the folder root/rel (root absolute, both without '..'), reached with no symlink followed anywhere
+    on the way: openat2 in one step, else one name at a time; with `make`, missing folders of rel are made."""
+    top = os.open("/", FOLDER)
+    try:
+        return openat2(top, str(root.relative_to("/").joinpath(*rel)), FOLDER)
+    except OSError as error:
+        if error.errno != errno.ENOSYS and not (make and error.errno == errno.ENOENT):
+            raise
+    finally:
+        os.close(top)
+    fd = os.open("/", FOLDER)
+    try:
+        for i, name in enumerate((*root.parts[1:], *rel)):
+            if make and i >= len(root.parts) - 1:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, dir_fd=fd)
+            fd, parent = os.open(name, FOLDER, dir_fd=fd), fd
+            os.close(parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def replace_at(folder: int, name: str, data: bytes, mode: int | None, owner: tuple[int, int] | None = None) -> None:
+    """Put new bytes at a name in a folder handle at once: a temp file beside it (its mode, and as root its owner,
+    set first), then a rename over the name, which follows no symlink and breaks a hard link."""
+    tmp = f".{name[:200]}.{os.urandom(4).hex()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600 if mode is not None else 0o666, dir_fd=folder)  # private until fchmod
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            if owner and os.geteuid() == 0:
+                os.fchown(fd, *owner)
+            if mode is not None:
+                os.fchmod(fd, mode)
+            os.fsync(fd)
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)
+        raise
+
+
+def overwrite(f: Any, data: bytes) -> None:
+    """Write new bytes into an open file (hard links, bind mounts, owner kept), putting the old back on failure."""
+    old = f.read() if os.fstat(f.fileno()).st_size <= EDIT_MAX_BYTES else None
+    try:
+        os.posix_fallocate(f.fileno(), 0, max(1, len(data)))  # a full disk fails here, before any change
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    try:
+        f.seek(0)
+        f.write(data)
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())
+    except BaseException:
+        if old is not None:
+            with contextlib.suppress(OSError):
+                f.seek(0)
+                f.write(old)
+                f.truncate()
+                f.flush()
+        raise
+
+
+def write_at(folder: int, name: str, data: bytes) -> None:
+    """Write a file at a name in a folder handle: renamed in (a hard link broken, as its other names may lie outside
+    the sandbox), or written in place when it has one link and only that keeps another user's ownership or the
+    rename is refused (a bind-mounted file, a folder we may not write)."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st and not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EEXIST, "something other than a file (a symbolic link, a folder) took its place")
+    theirs = st and os.geteuid() != 0 and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid())
+    if not (st and st.st_nlink == 1 and theirs):
+        try:
+            return replace_at(folder, name, data, st and stat.S_IMODE(st.st_mode), st and (st.st_uid, st.st_gid))
+        except OSError as error:
+            if not st or st.st_nlink > 1 or error.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EXDEV):
+                raise
+    with open(os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder), "r+b") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise OSError(errno.EMLINK, "it changed into something other than a file with one link")
+        overwrite(f, data)
+
+
+def resolved(path: Path, file_path: str) -> Path:
+    """Where a path leads now, symlinks and '..' followed; ToolError when a symlink on it changes meanwhile."""
+    try:
+        return Path(os.path.realpath(path))
+    except OSError as error:  # a symlink swapped for something else between lstat and readlink
+        raise ToolError(f"{file_path} changed while its path was followed ({error.strerror}); nothing was written") \
+            from None
+
+
+def write_beneath(roots: tuple[Path, ...], path: Path, data: bytes, file_path: str) -> None:
+    """Write a file where `path` leads now, if that is beneath one of `roots`, through folder handles
+    that follow no symlink (one swapped in after the check cannot lead the write out); missing folders made."""
+    real = resolved(path, file_path)
+    root = max((r for r in roots if real.is_relative_to(r) and real != r), key=lambda r: len(r.parts), default=None)
+    if root is None:
+        raise OSError(errno.EACCES, "it now leads outside the folders this sandbox lets you write")
+    *parents, name = real.relative_to(root).parts
+    folder = open_folder(root, tuple(parents), make=True)
+    try:
+        write_at(folder, name, data)
+    finally:
+        os.close(folder)
+
 
 
 # --- Tools ----------------------------------------------------------------------------------------
@@ -946,45 +1089,30 @@ def replace_file(target: Path, data: bytes, mode: int | None) -> None:
         raise
 
 
-def overwrite(target: Path, data: bytes) -> None:
-    """Write new bytes into the same file (hard links, bind mounts, owner kept), putting the old back on failure."""
-    with open(target, "r+b") as f:
-        old = f.read() if os.fstat(f.fileno()).st_size <= EDIT_MAX_BYTES else None
-        try:
-            os.posix_fallocate(f.fileno(), 0, max(1, len(data)))  # a full disk fails here, before any change
-        except OSError as error:
-            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-        try:
-            f.seek(0)
-            f.write(data)
-            f.truncate()
-            f.flush()
-            os.fsync(f.fileno())
-        except BaseException:
-            if old is not None:
-                with contextlib.suppress(OSError):
-                    f.seek(0)
-                    f.write(old)
-                    f.truncate()
-                    f.flush()
-            raise
-
-
-def write_file(path: Path, data: bytes, file_path: str) -> None:
-    """Replace a file's bytes atomically where a rename keeps the same file, else in place; errors name the path."""
+def write_anywhere(path: Path, data: bytes) -> None:
+    """Replace a file's bytes atomically where a rename keeps the same file, else in place."""
     target = path.resolve()
+    st = target.stat() if target.exists() else None
+    if st is None or (st.st_nlink == 1 and (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())):
+        try:
+            return replace_file(target, data, st and st.st_mode & 0o7777)
+        except OSError as error:  # a bind-mounted file, or a folder we may not write to
+            if st is None or error.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EXDEV):
+                raise
+    with open(target, "r+b") as f:
+        overwrite(f, data)
+
+
+def write_file(ctx: ToolContext, path: Path, data: bytes, file_path: str) -> None:
+    """Write a file's new bytes: in a sandbox only beneath its folders (write_beneath), else wherever the path leads
+    (write_anywhere); errors name the path the model gave."""
     try:
-        st = target.stat() if target.exists() else None
-        if st is None or (st.st_nlink == 1 and (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())):
-            try:
-                return replace_file(target, data, st and st.st_mode & 0o7777)
-            except OSError as error:  # a bind-mounted file, or a folder we may not write to
-                if st is None or error.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EXDEV):
-                    raise
-        overwrite(target, data)
+        if ctx.sandbox:
+            write_beneath(ctx.sandbox.roots, path, data, file_path)
+        else:
+            write_anywhere(path, data)
     except OSError as error:
-        raise ToolError(f"cannot write {file_path}: {error.strerror or error}") from None
+        raise ToolError(f"cannot write {file_path}: {WRITE_ERRORS.get(error.errno, error.strerror or error)}") from None
 
 
 def forget_reads(ctx: ToolContext, path: Path) -> None:
@@ -1007,11 +1135,12 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
         with open(path, "rb") as f:
             encoding = sniff_encoding(f.read(SNIFF_BYTES)) or UTF8
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not ctx.sandbox:  # in a sandbox, write_beneath makes them through handles that follow no symlink
+            path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise ToolError(f"cannot create {file_path}: a parent of it is a file, not a folder") from None
     data = encoding.encode(content, file_path)
-    write_file(path, data, file_path)
+    write_file(ctx, path, data, file_path)
     forget_reads(ctx, path)
     lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
     return f"{'Updated' if existed else 'Created'} {file_path} ({len(data)} bytes, {lines} line{'s' * (lines != 1)})"
@@ -1047,7 +1176,7 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
         raise ToolError(f"old_string was found {count} times in {file_path}; add surrounding lines to make it unique, "
                         "or set replace_all to change every one")
     replaced = count if replace_all else 1
-    write_file(path, encoding.encode(text.replace(old, new, replaced), file_path), file_path)
+    write_file(ctx, path, encoding.encode(text.replace(old, new, replaced), file_path), file_path)
     forget_reads(ctx, path)
     return f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}"
 

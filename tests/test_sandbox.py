@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -764,3 +765,98 @@ def test_verbose_without_a_sandbox_says_nothing_of_one(serve, run, workspace):
     server = serve(lambda body: reply("ok"))
     result = run(["-p", "q", "--verbose"], cwd=workspace, base_url=server.url)
     assert result.code == 0 and "sandbox" not in result.stderr
+
+
+# --- 9. Writes that hold: a swapping symlink, hard links (issue 20, items 4 and 6) ------------------------
+
+
+def sandboxed(workspace: Path, private_tmp: Path) -> agent.ToolContext:
+    """A tool context whose file tools write only under the workspace and the private TMPDIR (no Landlock needed)."""
+    roots = (Path(real(workspace)), Path(real(private_tmp)))
+    return agent.ToolContext(cwd=workspace, env={}, sandbox=agent.Sandbox("workspace-write", roots, False, None))
+
+
+@pytest.fixture(params=["openat2", "one name at a time"])
+def resolution(request, monkeypatch):
+    """Folders reached by openat2, or, as on a kernel before 5.6 (ENOSYS), one name at a time."""
+    if request.param != "openat2":
+        def missing(*args):
+            raise OSError(errno.ENOSYS, "Function not implemented")
+        monkeypatch.setattr(agent, "openat2", missing)
+    return request.param
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two names at once (renameat2 RENAME_EXCHANGE): neither is ever missing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, bytes(a), -100, bytes(b), 2):
+        raise OSError(ctypes.get_errno(), "renameat2", str(a))
+
+
+def swap_until(stop: threading.Event, workspace: Path, outside: Path) -> None:
+    """The attack: `link` points into the workspace, then outside; `folder` is a real folder, then a symlink out."""
+    while not stop.is_set():
+        for target in (outside, workspace / "sub"):
+            (workspace / "link.new").symlink_to(target)
+            os.replace(workspace / "link.new", workspace / "link")
+        exchange(workspace / "folder", workspace / "folder.swap")
+
+
+def test_a_swapping_symlink_never_lets_write_or_edit_land_outside(workspace, outside, private_tmp, monkeypatch,
+                                                                  resolution):
+    for folder in (workspace / "sub", workspace / "folder", outside):
+        folder.mkdir(exist_ok=True)
+        (folder / "e.txt").write_text("old\n")
+    (workspace / "link").symlink_to(outside)
+    (workspace / "folder.swap").symlink_to(outside)
+    before = snapshot(outside)
+    monkeypatch.setattr(agent.os, "fsync", lambda fd: None)  # the race is in resolving paths, not on the disk
+    ctx, tools, stop = sandboxed(workspace, private_tmp), {t.name: t for t in agent.TOOLS}, threading.Event()
+    swapper = threading.Thread(target=swap_until, args=(stop, workspace, outside), daemon=True)
+    swapper.start()
+    try:
+        results = [agent.run_tool_call(tool_call("Write", f"{where}/w{i}.txt"), tools, ctx)
+                   for i in range(300) for where in ("link", "folder")]
+        edits = [call("Edit", {"file_path": f"{where}/e.txt", "old_string": "old", "new_string": "old."})
+                 for _ in range(100) for where in ("link", "folder")]
+        results += [agent.run_tool_call(edit, tools, ctx) for edit in edits]
+    finally:
+        stop.set()
+        swapper.join()
+    assert snapshot(outside) == before  # not one of the 600 Writes and 200 Edits landed outside
+    written = sum(r.startswith(("Created", "Edited")) for r in results)
+    assert 0 < written < len(results)  # the race was run: some went in, some were refused
+    refusals = ("is outside the folders", "took the place of a folder", "now leads outside", "changed while",
+                "old_string was not found", "file not found", "took its place", "is a directory", "took a folder")
+    assert all(r.startswith(("Created", "Edited")) or any(s in r for s in refusals) for r in results), \
+        {r for r in results if not r.startswith(("Created", "Edited"))}
+
+
+@pytest.mark.parametrize("tool", ["Write", "Edit"])
+def test_a_hard_link_to_an_outside_file_is_broken_not_written_through(workspace, outside, private_tmp, tool):
+    """pnpm links packages from its store into node_modules: a write in the workspace must not reach the store."""
+    store = outside / "store" / "index.js"
+    store.parent.mkdir()
+    store.write_text("old\n")
+    store.chmod(0o751)
+    linked = workspace / "node_modules" / "pkg" / "index.js"
+    linked.parent.mkdir(parents=True)
+    os.link(store, linked)
+    os.chown(linked, 12345, 23456)  # as root, the owner is kept too
+    result = agent.run_tool_call(tool_call(tool, "node_modules/pkg/index.js"), {t.name: t for t in agent.TOOLS},
+                                 sandboxed(workspace, private_tmp))
+    assert result.startswith(("Updated", "Edited")), result
+    assert store.read_text() == "old\n" and store.stat().st_nlink == 1
+    assert linked.read_text() == "evil\n"
+    st = linked.stat()
+    assert (st.st_nlink, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (1, 0o751, 12345, 23456)
+    assert sorted(p.name for p in linked.parent.iterdir()) == ["index.js"]  # no temp file left
+
+
+def test_a_symlink_inside_the_workspace_is_followed_and_kept(workspace, private_tmp):
+    (workspace / "AGENTS.md").write_text("old\n")
+    (workspace / "CLAUDE.md").symlink_to("AGENTS.md")
+    result = agent.run_tool_call(tool_call("Edit", "CLAUDE.md"), {t.name: t for t in agent.TOOLS},
+                                 sandboxed(workspace, private_tmp))
+    assert result == "Edited CLAUDE.md: replaced 1 occurrence"
+    assert os.readlink(workspace / "CLAUDE.md") == "AGENTS.md" and (workspace / "AGENTS.md").read_text() == "evil\n"
