@@ -770,10 +770,11 @@ def test_verbose_without_a_sandbox_says_nothing_of_one(serve, run, workspace):
 # --- 9. Writes that hold: a swapping symlink, hard links (issue 20, items 4 and 6) ------------------------
 
 
-def sandboxed(workspace: Path, private_tmp: Path) -> agent.ToolContext:
+def sandboxed(workspace: Path, private_tmp: Path, guard: agent.Guard | None = None) -> agent.ToolContext:
     """A tool context whose file tools write only under the workspace and the private TMPDIR (no Landlock needed)."""
     roots = (Path(real(workspace)), Path(real(private_tmp)))
-    return agent.ToolContext(cwd=workspace, env={}, sandbox=agent.Sandbox("workspace-write", roots, False, None))
+    return agent.ToolContext(cwd=workspace, env={}, sandbox=agent.Sandbox("workspace-write", roots, False, None),
+                             guard=guard)
 
 
 @pytest.fixture(params=["openat2", "one name at a time"])
@@ -860,3 +861,120 @@ def test_a_symlink_inside_the_workspace_is_followed_and_kept(workspace, private_
                                  sandboxed(workspace, private_tmp))
     assert result == "Edited CLAUDE.md: replaced 1 occurrence"
     assert os.readlink(workspace / "CLAUDE.md") == "AGENTS.md" and (workspace / "AGENTS.md").read_text() == "evil\n"
+
+
+# --- 10. Files that would outlive the sandbox (issue 20, item 5) ------------------------------------------
+
+
+def git_init(folder: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+
+
+@pytest.fixture
+def guarded(confined, workspace):
+    """The confined context, with the workspace's git hooks and config, .mcp.json and Claude settings guarded."""
+    git_init(workspace)
+    (workspace / ".mcp.json").write_text('{"mcpServers": {}}\n')
+    return confined._replace(guard=agent.Guard((Path(real(workspace)),)))
+
+
+def kept(workspace: Path) -> tuple:
+    """The guarded files as they are, each with its kind, mode and content."""
+    paths = [workspace / p for p in (".git", ".git/config", ".mcp.json", ".git/hooks")]
+    paths += sorted((workspace / ".git" / "hooks").rglob("*"))
+    return tuple((str(p), p.is_symlink(), p.is_dir(), p.exists() and oct(p.lstat().st_mode),
+                  p.is_file() and not p.is_symlink() and p.read_text()) for p in paths)
+
+
+def undone(*changes: str) -> str:
+    return agent.undone_note(list(changes))
+
+
+PLANT = ("echo '{\"mcpServers\": {\"x\": {\"command\": \"evil\"}}}' > .mcp.json && "
+         "printf '#!/bin/sh\\necho pwned\\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit && "
+         "printf '[core]\\n\\tfsmonitor = evil\\n' >> .git/config && "
+         "mkdir -p .claude && echo '{\"hooks\": {}}' > .claude/settings.json && echo planted")
+
+
+def test_a_confined_command_cannot_plant_hooks_config_or_servers(guarded, workspace):
+    before = kept(workspace)
+    result = agent.tool_bash(guarded, PLANT)
+    assert result == "planted\n[exit code 0]\n" + undone(  # what was added, deepest first; then what was changed
+        ".git/hooks/pre-commit (removed)", ".claude/settings.json (removed)", ".git/config (restored)",
+        ".mcp.json (restored)")
+    assert kept(workspace) == before and not (workspace / ".claude" / "settings.json").exists()
+    assert agent.tool_bash(guarded, "echo fine > notes.txt") == "(no output)\n[exit code 0]"  # nothing to undo
+
+
+@pytest.mark.parametrize("command", [
+    "mv .git/hooks .git/hooks.old && ln -s {outside} .git/hooks",  # the hooks folder becomes a symlink out
+    "rm .mcp.json && ln -s {outside}/precious.txt .mcp.json",  # putting .mcp.json back must not write through it
+    "mv .git .git.old && echo 'gitdir: {outside}' > .git",  # a .git file sends git to another folder
+    "rm -rf .git/hooks && ln -s {outside}/precious.txt .git/config",
+])
+def test_putting_back_never_follows_what_the_command_planted(guarded, workspace, outside, command):
+    before = kept(workspace)
+    result = agent.tool_bash(guarded, command.format(outside=outside))
+    assert "[the sandbox undid changes" in result and "could not" not in result, result
+    assert snapshot(outside) == {str(outside / "precious.txt"): "old\n"}
+    assert kept(workspace) == before
+
+
+def test_a_background_process_planting_a_hook_later_is_undone_at_the_next_command(guarded, workspace):
+    first = agent.tool_bash(guarded, "(sleep 0.3; echo evil > .git/hooks/post-checkout; echo done > planted) "
+                                     ">/dev/null 2>&1 &")
+    assert first.endswith("[exit code 0]") and "undid" not in first  # it returned before the hook was there
+    wait_for(workspace / "planted")
+    assert (workspace / ".git" / "hooks" / "post-checkout").exists()
+    assert agent.tool_bash(guarded, "true") == "(no output)\n[exit code 0]\n" + undone(
+        ".git/hooks/post-checkout (removed)")
+    assert not (workspace / ".git" / "hooks" / "post-checkout").exists()
+
+
+@pytest.mark.parametrize("tool, file_path", [
+    ("Write", ".mcp.json"),
+    ("Edit", ".git/config"),
+    ("Write", ".git/hooks/pre-commit"),
+    ("Write", ".claude/settings.json"),
+    ("Write", ".claude/settings.local.json"),
+    ("Write", "sub/../.git/hooks/sub/x"),
+    ("Write", "hooks-link/pre-push"),  # a symlink inside leading to them
+    ("Write", ".claude"),  # a file where the folder goes
+])
+def test_write_and_edit_refuse_the_guarded_files(workspace, private_tmp, tool, file_path):
+    git_init(workspace)
+    (workspace / ".git" / "config").write_text("[core]\n\told = 1\n")
+    (workspace / "sub").mkdir()
+    (workspace / "hooks-link").symlink_to(".git/hooks")
+    ctx = sandboxed(workspace, private_tmp, agent.Guard((Path(real(workspace)),)))
+    before = snapshot(workspace)
+    result = agent.run_tool_call(tool_call(tool, file_path), {t.name: t for t in agent.TOOLS}, ctx)
+    assert result == f"Error: {file_path} may not be changed in this sandbox: git hooks and config, .mcp.json and " \
+                     "Claude settings would run code outside it later; ask the user to change it"
+    assert snapshot(workspace) == before
+
+
+def test_the_program_undoes_a_plant_and_refuses_a_write_and_checks_again_at_exit(serve, run, workspace,
+                                                                                  private_tmp):
+    git_init(workspace)
+    steps = [[bash(PLANT, "plant")], [call("Write", {"file_path": ".mcp.json", "content": "{}"}, id="write")],
+             [bash("(sleep 0.3; echo '{}' > .mcp.json; echo done > planted) >/dev/null 2>&1 &", "later")]]
+
+    def model(body: dict) -> dict:
+        done = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if done < len(steps):
+            return reply(tool_calls=steps[done])
+        wait_for(workspace / "planted")  # the background job planted after its command: only the exit is left
+        return reply("done")
+
+    server = serve(model)
+    before = snapshot(workspace / ".git")
+    result = run(["-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"], cwd=workspace,
+                 base_url=server.url, env={"TMPDIR": str(private_tmp)})
+    assert result.code == 0, result.stderr
+    results = tool_results(server.bodies[-1])
+    assert results["plant"].startswith("planted\n[exit code 0]\n[the sandbox undid changes") and \
+        ".git/hooks/pre-commit (removed)" in results["plant"], results["plant"]
+    assert results["write"].startswith("Error: .mcp.json may not be changed in this sandbox")
+    assert "solo: " + undone(".mcp.json (removed)") in result.stderr, result.stderr
+    assert snapshot(workspace / ".git") == before and not (workspace / ".mcp.json").exists()
