@@ -733,11 +733,8 @@ WRITE_ERRORS = {errno.ELOOP: "a symbolic link took the place of a folder on its 
 
 @functools.cache
 def syscall() -> Any:
-    """libc's syscall(2), loaded once: loading it costs more than the call (each command uses it)."""
-    import ctypes
-    function = ctypes.CDLL(None, use_errno=True).syscall
-    function.restype = ctypes.c_long
-    return function
+    """libc's syscall(2), loaded once: loading the library costs more than the call, made twice a command."""
+    return load_libc().syscall
 
 
 def openat2(dir_fd: int, path: str, flags: int) -> int:
