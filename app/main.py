@@ -42,6 +42,7 @@ import contextlib
 import datetime
 import email.utils
 import errno
+import functools
 import heapq
 import io
 import itertools
@@ -485,7 +486,7 @@ class Sandbox(NamedTuple):
 
     def check(self, path: Path, file_path: str) -> None:
         """ToolError for a write that resolves (symlinks and '..' followed) outside the writable folders."""
-        real = Path(os.path.realpath(path))
+        real = resolved(path, file_path)
         if not any(real.is_relative_to(root) for root in self.roots):
             raise ToolError(f"{file_path} is outside the folders this sandbox lets you write "
                             f"({', '.join(map(str, self.roots))})")
@@ -716,6 +717,332 @@ def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool =
     return Sandbox(mode, roots, network, spawner, unix), warning
 
 
+# --- Files in a sandbox ---------------------------------------------------------------------------
+
+# A change to these outlives the sandbox: git runs hooks and commands named in its config (core.hooksPath,
+# core.fsmonitor), solo and Claude Code start .mcp.json's servers, Claude Code runs its settings' hooks, all
+# unconfined and later. Guarded under the working directory and each --add-dir; .git/hooks as a whole tree.
+GUARDED = (".mcp.json", ".claude/settings.json", ".claude/settings.local.json", ".git/config", ".git/hooks")
+GUARDED_FOLDERS = (".git", ".claude")  # what holds them: only something other than a folder there is a change
+GUARD_FILE_LIMIT = 1 << 20  # bytes of one guarded file kept to put back (a larger one is only watched)
+FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a folder handle, never through a symlink
+LISTING = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
+WRITE_ERRORS = {errno.ELOOP: "a symbolic link took the place of a folder on its path; nothing was written",
+                errno.EXDEV: "a symbolic link took the place of a folder on its path; nothing was written",
+                errno.ENOTDIR: "a parent of it is not a folder (a file, or a symbolic link that took a folder's place)"}
+
+
+@functools.cache
+def syscall() -> Any:
+    """libc's syscall(2), loaded once: loading the library costs more than the call, made twice a command."""
+    return load_libc().syscall
+
+
+def openat2(dir_fd: int, path: str, flags: int) -> int:
+    """openat2(2) of a relative path beneath dir_fd following no symlink and no '..' out; OSError (ENOSYS: a
+    kernel before 5.6)."""
+    how = struct.pack("QQQ", flags, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    fd = syscall()(437, dir_fd, os.fsencode(path), how, len(how))  # openat2: 437 on x86_64 and arm64 alike
+    if fd < 0:
+        import ctypes
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+    return fd
+
+
+def open_folder(root: Path, rel: tuple[str, ...] = (), make: bool = False) -> int:
+    """A handle on the folder root/rel (root absolute, both without '..'), reached with no symlink followed anywhere
+    on the way: openat2 in one step, else one name at a time; with `make`, missing folders of rel are made."""
+    top = os.open("/", FOLDER)
+    try:
+        return openat2(top, str(root.relative_to("/").joinpath(*rel)), FOLDER)
+    except OSError as error:
+        if error.errno != errno.ENOSYS and not (make and error.errno == errno.ENOENT):
+            raise
+    finally:
+        os.close(top)
+    fd = os.open("/", FOLDER)
+    try:
+        for i, name in enumerate((*root.parts[1:], *rel)):
+            if make and i >= len(root.parts) - 1:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, dir_fd=fd)
+            fd, parent = os.open(name, FOLDER, dir_fd=fd), fd
+            os.close(parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def replace_at(folder: int, name: str, data: bytes, mode: int | None, owner: tuple[int, int] | None = None) -> None:
+    """Put new bytes at a name in a folder handle at once: a temp file beside it (its mode, and as root its owner,
+    set first), then a rename over the name, which follows no symlink and breaks a hard link."""
+    tmp = f".{name[:200]}.{os.urandom(4).hex()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600 if mode is not None else 0o666, dir_fd=folder)  # private until fchmod
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            if owner and os.geteuid() == 0:
+                os.fchown(fd, *owner)
+            if mode is not None:
+                os.fchmod(fd, mode)
+            os.fsync(fd)
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)
+        raise
+
+
+def overwrite(f: Any, data: bytes) -> None:
+    """Write new bytes into an open file (hard links, bind mounts, owner kept), putting the old back on failure."""
+    old = f.read() if os.fstat(f.fileno()).st_size <= EDIT_MAX_BYTES else None
+    try:
+        os.posix_fallocate(f.fileno(), 0, max(1, len(data)))  # a full disk fails here, before any change
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    try:
+        f.seek(0)
+        f.write(data)
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())
+    except BaseException:
+        if old is not None:
+            with contextlib.suppress(OSError):
+                f.seek(0)
+                f.write(old)
+                f.truncate()
+                f.flush()
+        raise
+
+
+def write_at(folder: int, name: str, data: bytes) -> None:
+    """Write a file at a name in a folder handle: renamed in (a hard link broken, as its other names may lie outside
+    the sandbox), or written in place when it has one link and only that keeps another user's ownership or the
+    rename is refused (a bind-mounted file, a folder we may not write)."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st and not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EEXIST, "something other than a file (a symbolic link, a folder) took its place")
+    theirs = st and os.geteuid() != 0 and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid())
+    if not (st and st.st_nlink == 1 and theirs):
+        try:
+            return replace_at(folder, name, data, st and stat.S_IMODE(st.st_mode), st and (st.st_uid, st.st_gid))
+        except OSError as error:
+            if not st or st.st_nlink > 1 or error.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EXDEV):
+                raise
+    with open(os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder), "r+b") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise OSError(errno.EMLINK, "it changed into something other than a file with one link")
+        overwrite(f, data)
+
+
+def entry(fd: int, name: str) -> tuple | None:
+    """What a name in a folder handle is, not following it: None (nothing), ('dir', mode, uid, gid), ('link', target),
+    ('file', mode, uid, gid, its bytes or, beyond GUARD_FILE_LIMIT, a stamp), ('other', mode), ('unreadable', errno)."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            return ("dir", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+        if stat.S_ISLNK(st.st_mode):
+            return ("link", os.readlink(name, dir_fd=fd))
+        if not stat.S_ISREG(st.st_mode):
+            return ("other", st.st_mode)
+        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            st = os.fstat(file)
+            data = os.read(file, min(st.st_size, GUARD_FILE_LIMIT) + 1)  # more than st_size: it grew meanwhile
+        finally:
+            os.close(file)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return ("unreadable", error.errno)
+    kept = data if len(data) <= GUARD_FILE_LIMIT else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return ("file", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, kept)
+
+
+def look(fd: int, names: list[str], prefix: str, found: dict[str, tuple | None]) -> None:
+    """Record names[0] in a folder handle, then go on down the other names, or through the whole tree under it."""
+    rel = prefix + names[0]
+    if rel not in found:  # .claude is on the way to two of them
+        found[rel] = entry(fd, names[0])
+    if not found[rel] or found[rel][0] != "dir":
+        return
+    try:
+        sub = os.open(names[0], LISTING, dir_fd=fd)
+    except OSError as error:
+        found[rel] = ("unreadable", error.errno)
+        return
+    try:
+        for rest in [names[1:]] if len(names) > 1 else [[name] for name in sorted(os.listdir(sub))]:
+            look(sub, rest, rel + "/", found)
+    except OSError as error:
+        found[rel] = ("unreadable", error.errno)
+    finally:
+        os.close(sub)
+
+
+def scan(folder: Path) -> dict[str, tuple | None]:
+    """The GUARDED names under a folder (and the folders holding them) as they are now, by relative path."""
+    found: dict[str, tuple | None] = {}
+    fd = open_folder(folder)
+    try:
+        for rel in GUARDED:
+            look(fd, rel.split("/"), "", found)
+    finally:
+        os.close(fd)
+    return found
+
+
+def differs(rel: str, was: tuple | None, now: tuple | None) -> bool:
+    """Whether a guarded name changed; for .git and .claude only something other than a folder there counts (or a
+    worktree's .git file gone)."""
+    if rel in GUARDED_FOLDERS and (now is None or now[0] == "dir"):
+        return was is not None and was[0] != "dir" and was != now
+    return was != now
+
+
+def remove_at(fd: int, name: str) -> None:
+    """Remove a name from a folder handle, a folder with all it holds, following no symlink."""
+    try:
+        os.unlink(name, dir_fd=fd)
+    except IsADirectoryError:
+        import shutil
+        shutil.rmtree(name, dir_fd=fd)
+
+
+def make_at(fd: int, name: str, was: tuple) -> None:
+    """Make a name in a folder handle what `entry` once saw there."""
+    kind, *rest = was
+    if kind == "link":
+        os.symlink(rest[0], name, dir_fd=fd)
+    elif kind == "file" and isinstance(rest[3], bytes):
+        replace_at(fd, name, rest[3], rest[0], (rest[1], rest[2]))
+    elif kind == "dir":
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=fd)
+        sub = os.open(name, LISTING, dir_fd=fd)
+        try:
+            if os.geteuid() == 0:
+                os.fchown(sub, rest[1], rest[2])
+            os.fchmod(sub, rest[0])
+        finally:
+            os.close(sub)
+    else:
+        raise OSError(errno.EFBIG, "it was not kept (too large, unreadable or not a file)")
+
+
+def put_back(folder: Path, rel: str, was: tuple | None) -> str:
+    """Make a guarded name what it was (None: nothing) through handles that follow no symlink; how, for the note."""
+    *parents, name = rel.split("/")
+    try:
+        fd = open_folder(folder, tuple(parents), make=was is not None)
+    except FileNotFoundError:
+        return "removed"  # with the folder that held it
+    except OSError as error:
+        return f"could not be undone: {error.strerror or error}"
+    try:
+        now = entry(fd, name)
+        if now and not (was and now[0] == was[0] and was[0] in ("file", "dir")):
+            remove_at(fd, name)
+        if was:
+            make_at(fd, name, was)
+    except OSError as error:
+        return f"could not be undone: {error.strerror or error}"
+    finally:
+        os.close(fd)
+    return "removed" if was is None else "recreated" if now is None else "restored"
+
+
+def restore(folder: Path, kept: dict[str, tuple | None]) -> list[tuple[str, str]]:
+    """Put the guarded names under a folder back as `kept` holds them: what was added removed (deepest first), the
+    rest put back (parents first); each change with how it was undone."""
+    now = scan(folder)
+    changed = [rel for rel in sorted(kept.keys() | now.keys()) if differs(rel, kept.get(rel), now.get(rel))]
+    undone = [(rel, put_back(folder, rel, None)) for rel in reversed(changed) if kept.get(rel) is None]
+    return undone + [(rel, put_back(folder, rel, kept[rel])) for rel in changed if kept.get(rel) is not None]
+
+
+def guarded(rel: str) -> bool:
+    """Whether a path relative to a guarded folder is one the file tools may not write."""
+    return rel in GUARDED or rel in GUARDED_FOLDERS or rel.startswith(".git/hooks/")
+
+
+def undone_note(undone: list[str]) -> str:
+    """The line telling the model which changes to guarded files were undone."""
+    shown = ", ".join(undone[:8]) + (f" and {len(undone) - 8} more" if len(undone) > 8 else "")
+    return f"[the sandbox undid changes to files that would run code outside it later (git hooks and config, " \
+           f".mcp.json, Claude settings): {shown}]"
+
+
+class Guard:
+    """The GUARDED files under some folders (the working directory first, then each --add-dir) as they were at the
+    start: the file tools may not write them, and what anything confined changes there is put back by `undo`."""
+
+    def __init__(self, folders: tuple[Path, ...]):
+        self.folders = folders
+        self.kept = {folder: scan(folder) for folder in folders}
+
+    def refuse(self, real: Path, file_path: str) -> None:
+        """ToolError for a write to a guarded file (`real`: where the path leads)."""
+        for folder in self.folders:
+            if real.is_relative_to(folder) and guarded(real.relative_to(folder).as_posix()):
+                raise ToolError(f"{file_path} may not be changed in this sandbox: git hooks and config, .mcp.json "
+                                "and Claude settings would run code outside it later; ask the user to change it")
+
+    def undo(self) -> list[str]:
+        """Put back every guarded file changed since the start; each change undone, as 'path (how)'."""
+        undone = []
+        for i, folder in enumerate(self.folders):
+            try:
+                undone += [f"{folder / rel if i else rel} ({how})" for rel, how in restore(folder, self.kept[folder])]
+            except OSError as error:
+                undone.append(f"{folder} (could not be checked: {error.strerror or error})")
+        return undone
+
+
+def guarded_folders(folders: Iterable[Path], roots: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The folders (resolved) whose guarded files confined commands could change: those beneath a writable root."""
+    real = (Path(os.path.realpath(folder)) for folder in folders)
+    return tuple(dict.fromkeys(f for f in real if os.path.isdir(f) and any(f.is_relative_to(r) for r in roots)))
+
+
+def resolved(path: Path, file_path: str) -> Path:
+    """Where a path leads now, symlinks and '..' followed; ToolError when a symlink on it changes meanwhile."""
+    try:
+        return Path(os.path.realpath(path))
+    except OSError as error:  # a symlink swapped for something else between lstat and readlink
+        raise ToolError(f"{file_path} changed while its path was followed ({error.strerror}); nothing was written") \
+            from None
+
+
+def write_beneath(roots: tuple[Path, ...], guard: Guard | None, path: Path, data: bytes, file_path: str) -> None:
+    """Write a file where `path` leads now, if that is beneath one of `roots` and not guarded, through folder handles
+    that follow no symlink (one swapped in after the check cannot lead the write out); missing folders made."""
+    real = resolved(path, file_path)
+    root = max((r for r in roots if real.is_relative_to(r) and real != r), key=lambda r: len(r.parts), default=None)
+    if root is None:
+        raise OSError(errno.EACCES, "it now leads outside the folders this sandbox lets you write")
+    if guard:
+        guard.refuse(real, file_path)
+    *parents, name = real.relative_to(root).parts
+    folder = open_folder(root, tuple(parents), make=True)
+    try:
+        write_at(folder, name, data)
+    finally:
+        os.close(folder)
+
+
 # --- Tools ----------------------------------------------------------------------------------------
 
 
@@ -741,6 +1068,7 @@ class ToolContext(NamedTuple):
     reads: dict | None = None  # the conversation's earlier full Reads: (path, offset, limit) -> file stamp
     sandbox: Sandbox | None = None  # where writes may go; None: anywhere
     spawner: Spawner | None = None  # starts processes that die with solo; None: plain Popen (in tests)
+    guard: Guard | None = None  # files no confined write may change (git hooks and config, MCP and Claude settings)
 
 
 class Tool(NamedTuple):
@@ -948,45 +1276,30 @@ def replace_file(target: Path, data: bytes, mode: int | None) -> None:
         raise
 
 
-def overwrite(target: Path, data: bytes) -> None:
-    """Write new bytes into the same file (hard links, bind mounts, owner kept), putting the old back on failure."""
-    with open(target, "r+b") as f:
-        old = f.read() if os.fstat(f.fileno()).st_size <= EDIT_MAX_BYTES else None
-        try:
-            os.posix_fallocate(f.fileno(), 0, max(1, len(data)))  # a full disk fails here, before any change
-        except OSError as error:
-            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-        try:
-            f.seek(0)
-            f.write(data)
-            f.truncate()
-            f.flush()
-            os.fsync(f.fileno())
-        except BaseException:
-            if old is not None:
-                with contextlib.suppress(OSError):
-                    f.seek(0)
-                    f.write(old)
-                    f.truncate()
-                    f.flush()
-            raise
-
-
-def write_file(path: Path, data: bytes, file_path: str) -> None:
-    """Replace a file's bytes atomically where a rename keeps the same file, else in place; errors name the path."""
+def write_anywhere(path: Path, data: bytes) -> None:
+    """Replace a file's bytes atomically where a rename keeps the same file, else in place."""
     target = path.resolve()
+    st = target.stat() if target.exists() else None
+    if st is None or (st.st_nlink == 1 and (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())):
+        try:
+            return replace_file(target, data, st and st.st_mode & 0o7777)
+        except OSError as error:  # a bind-mounted file, or a folder we may not write to
+            if st is None or error.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EXDEV):
+                raise
+    with open(target, "r+b") as f:
+        overwrite(f, data)
+
+
+def write_file(ctx: ToolContext, path: Path, data: bytes, file_path: str) -> None:
+    """Write a file's new bytes: in a sandbox only beneath its folders (write_beneath), else wherever the path leads
+    (write_anywhere); errors name the path the model gave."""
     try:
-        st = target.stat() if target.exists() else None
-        if st is None or (st.st_nlink == 1 and (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())):
-            try:
-                return replace_file(target, data, st and st.st_mode & 0o7777)
-            except OSError as error:  # a bind-mounted file, or a folder we may not write to
-                if st is None or error.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EXDEV):
-                    raise
-        overwrite(target, data)
+        if ctx.sandbox:
+            write_beneath(ctx.sandbox.roots, ctx.guard, path, data, file_path)
+        else:
+            write_anywhere(path, data)
     except OSError as error:
-        raise ToolError(f"cannot write {file_path}: {error.strerror or error}") from None
+        raise ToolError(f"cannot write {file_path}: {WRITE_ERRORS.get(error.errno, error.strerror or error)}") from None
 
 
 def forget_reads(ctx: ToolContext, path: Path) -> None:
@@ -1009,11 +1322,12 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
         with open(path, "rb") as f:
             encoding = sniff_encoding(f.read(SNIFF_BYTES)) or UTF8
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not ctx.sandbox:  # in a sandbox, write_beneath makes them through handles that follow no symlink
+            path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise ToolError(f"cannot create {file_path}: a parent of it is a file, not a folder") from None
     data = encoding.encode(content, file_path)
-    write_file(path, data, file_path)
+    write_file(ctx, path, data, file_path)
     forget_reads(ctx, path)
     lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
     return f"{'Updated' if existed else 'Created'} {file_path} ({len(data)} bytes, {lines} line{'s' * (lines != 1)})"
@@ -1049,7 +1363,7 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
         raise ToolError(f"old_string was found {count} times in {file_path}; add surrounding lines to make it unique, "
                         "or set replace_all to change every one")
     replaced = count if replace_all else 1
-    write_file(path, encoding.encode(text.replace(old, new, replaced), file_path), file_path)
+    write_file(ctx, path, encoding.encode(text.replace(old, new, replaced), file_path), file_path)
     forget_reads(ctx, path)
     return f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}"
 
@@ -1077,6 +1391,7 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
     """Run a command with bash in its own process group; return its output and exit code."""
     timeout = min(timeout, BASH_MAX_TIMEOUT_MS) if timeout > 0 else BASH_TIMEOUT_MS
     out, notes, proc, closed = HeadTail(RESULT_LIMIT // 2 - 200), [], None, False  # room for the notes
+    undone = ctx.guard.undo() if ctx.guard else []  # guarded files a background process changed since the last command
     read_fd, write_fd = os.pipe()
     try:
         try:
@@ -1112,6 +1427,7 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) ->
         notes.append(f"[the shell exited; background processes are still running (process group {proc.pid})]")
     text = out.text()
     notes.append(f"[exit code {code}]" + (ctx.sandbox.note(text, code) if ctx.sandbox else ""))
+    notes += [undone_note(undone)] if ctx.guard and (undone := undone + ctx.guard.undo()) else []
     return (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join(notes)
 
 
@@ -2949,12 +3265,12 @@ class Agent:
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
-        self.scratch, self.servers = None, []  # a read-only sandbox's private temp folder; the MCP servers
-        sandbox = self.confine()
+        self.scratch, self.servers, self.guard = None, [], None  # a read-only sandbox's private temp folder; the MCP
+        sandbox = self.confine()  # servers; the guarded files of a sandbox
         self.spawner = sandbox.spawner if sandbox else Spawner()
         tool_env = {**command_env(env, cfg.pass_env), **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
-                               spawner=self.spawner)
+                               spawner=self.spawner, guard=self.guard)
         self.servers = start_mcp(cfg, tool_env, emit, self.spawner)  # confined like commands: a project's .mcp.json too
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
@@ -2974,6 +3290,8 @@ class Agent:
         try:
             roots = tuple(Path(os.path.realpath(root)) for root in roots if os.path.isdir(root))
             sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix)
+            folders = guarded_folders((self.cfg.cwd, *self.cfg.add_dirs), roots)
+            self.guard = Guard(folders) if folders else None
         except BaseException:
             self.close()
             raise
@@ -2986,10 +3304,13 @@ class Agent:
         return sandbox
 
     def close(self) -> None:
-        """End the MCP servers and whatever commands left running; remove a read-only sandbox's temp folder."""
+        """End the MCP servers and whatever commands left running; put back guarded files anything confined changed;
+        remove a read-only sandbox's temp folder."""
         for server in self.servers:
             server.stop()
         end_orphans()
+        if self.guard and (undone := self.guard.undo()):
+            self.notice(undone_note(undone))
         if self.scratch:
             import shutil
             shutil.rmtree(self.scratch, ignore_errors=True)

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -764,3 +765,217 @@ def test_verbose_without_a_sandbox_says_nothing_of_one(serve, run, workspace):
     server = serve(lambda body: reply("ok"))
     result = run(["-p", "q", "--verbose"], cwd=workspace, base_url=server.url)
     assert result.code == 0 and "sandbox" not in result.stderr
+
+
+# --- 9. Writes that hold: a swapping symlink, hard links (issue 20, items 4 and 6) ------------------------
+
+
+def sandboxed(workspace: Path, private_tmp: Path, guard: agent.Guard | None = None) -> agent.ToolContext:
+    """A tool context whose file tools write only under the workspace and the private TMPDIR (no Landlock needed)."""
+    roots = (Path(real(workspace)), Path(real(private_tmp)))
+    return agent.ToolContext(cwd=workspace, env={}, sandbox=agent.Sandbox("workspace-write", roots, False, None),
+                             guard=guard)
+
+
+@pytest.fixture(params=["openat2", "one name at a time"])
+def resolution(request, monkeypatch):
+    """Folders reached by openat2, or, as on a kernel before 5.6 (ENOSYS), one name at a time."""
+    if request.param != "openat2":
+        def missing(*args):
+            raise OSError(errno.ENOSYS, "Function not implemented")
+        monkeypatch.setattr(agent, "openat2", missing)
+    return request.param
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two names at once (renameat2 RENAME_EXCHANGE): neither is ever missing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, bytes(a), -100, bytes(b), 2):
+        raise OSError(ctypes.get_errno(), "renameat2", str(a))
+
+
+def swap_until(stop: threading.Event, workspace: Path, outside: Path) -> None:
+    """The attack: `link` points into the workspace, then outside; `folder` is a real folder, then a symlink out."""
+    while not stop.is_set():
+        for target in (outside, workspace / "sub"):
+            (workspace / "link.new").symlink_to(target)
+            os.replace(workspace / "link.new", workspace / "link")
+        exchange(workspace / "folder", workspace / "folder.swap")
+
+
+def test_a_swapping_symlink_never_lets_write_or_edit_land_outside(workspace, outside, private_tmp, monkeypatch,
+                                                                  resolution):
+    for folder in (workspace / "sub", workspace / "folder", outside):
+        folder.mkdir(exist_ok=True)
+        (folder / "e.txt").write_text("old\n")
+    (workspace / "link").symlink_to(outside)
+    (workspace / "folder.swap").symlink_to(outside)
+    before = snapshot(outside)
+    monkeypatch.setattr(agent.os, "fsync", lambda fd: None)  # the race is in resolving paths, not on the disk
+    ctx, tools, stop = sandboxed(workspace, private_tmp), {t.name: t for t in agent.TOOLS}, threading.Event()
+    swapper = threading.Thread(target=swap_until, args=(stop, workspace, outside), daemon=True)
+    swapper.start()
+    try:
+        results = [agent.run_tool_call(tool_call("Write", f"{where}/w{i}.txt"), tools, ctx)
+                   for i in range(300) for where in ("link", "folder")]
+        edits = [call("Edit", {"file_path": f"{where}/e.txt", "old_string": "old", "new_string": "old."})
+                 for _ in range(100) for where in ("link", "folder")]
+        results += [agent.run_tool_call(edit, tools, ctx) for edit in edits]
+    finally:
+        stop.set()
+        swapper.join()
+    assert snapshot(outside) == before  # not one of the 600 Writes and 200 Edits landed outside
+    written = sum(r.startswith(("Created", "Edited")) for r in results)
+    assert 0 < written < len(results)  # the race was run: some went in, some were refused
+    refusals = ("is outside the folders", "took the place of a folder", "now leads outside", "changed while",
+                "old_string was not found", "file not found", "took its place", "is a directory", "took a folder")
+    assert all(r.startswith(("Created", "Edited")) or any(s in r for s in refusals) for r in results), \
+        {r for r in results if not r.startswith(("Created", "Edited"))}
+
+
+@pytest.mark.parametrize("tool", ["Write", "Edit"])
+def test_a_hard_link_to_an_outside_file_is_broken_not_written_through(workspace, outside, private_tmp, tool):
+    """pnpm links packages from its store into node_modules: a write in the workspace must not reach the store."""
+    store = outside / "store" / "index.js"
+    store.parent.mkdir()
+    store.write_text("old\n")
+    store.chmod(0o751)
+    linked = workspace / "node_modules" / "pkg" / "index.js"
+    linked.parent.mkdir(parents=True)
+    os.link(store, linked)
+    owner = (12345, 23456) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+    os.chown(linked, *owner)  # as root, another owner is kept too
+    result = agent.run_tool_call(tool_call(tool, "node_modules/pkg/index.js"), {t.name: t for t in agent.TOOLS},
+                                 sandboxed(workspace, private_tmp))
+    assert result.startswith(("Updated", "Edited")), result
+    assert store.read_text() == "old\n" and store.stat().st_nlink == 1
+    assert linked.read_text() == "evil\n"
+    st = linked.stat()
+    assert (st.st_nlink, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (1, 0o751, *owner)
+    assert sorted(p.name for p in linked.parent.iterdir()) == ["index.js"]  # no temp file left
+
+
+def test_a_symlink_inside_the_workspace_is_followed_and_kept(workspace, private_tmp):
+    (workspace / "AGENTS.md").write_text("old\n")
+    (workspace / "CLAUDE.md").symlink_to("AGENTS.md")
+    result = agent.run_tool_call(tool_call("Edit", "CLAUDE.md"), {t.name: t for t in agent.TOOLS},
+                                 sandboxed(workspace, private_tmp))
+    assert result == "Edited CLAUDE.md: replaced 1 occurrence"
+    assert os.readlink(workspace / "CLAUDE.md") == "AGENTS.md" and (workspace / "AGENTS.md").read_text() == "evil\n"
+
+
+# --- 10. Files that would outlive the sandbox (issue 20, item 5) ------------------------------------------
+
+
+def git_init(folder: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+
+
+@pytest.fixture
+def guarded(confined, workspace):
+    """The confined context, with the workspace's git hooks and config, .mcp.json and Claude settings guarded."""
+    git_init(workspace)
+    (workspace / ".mcp.json").write_text('{"mcpServers": {}}\n')
+    return confined._replace(guard=agent.Guard((Path(real(workspace)),)))
+
+
+def kept(workspace: Path) -> tuple:
+    """The guarded files as they are, each with its kind, mode and content."""
+    paths = [workspace / p for p in (".git", ".git/config", ".mcp.json", ".git/hooks")]
+    paths += sorted((workspace / ".git" / "hooks").rglob("*"))
+    return tuple((str(p), p.is_symlink(), p.is_dir(), p.exists() and oct(p.lstat().st_mode),
+                  p.is_file() and not p.is_symlink() and p.read_text()) for p in paths)
+
+
+def undone(*changes: str) -> str:
+    return agent.undone_note(list(changes))
+
+
+PLANT = ("echo '{\"mcpServers\": {\"x\": {\"command\": \"evil\"}}}' > .mcp.json && "
+         "printf '#!/bin/sh\\necho pwned\\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit && "
+         "printf '[core]\\n\\tfsmonitor = evil\\n' >> .git/config && "
+         "mkdir -p .claude && echo '{\"hooks\": {}}' > .claude/settings.json && echo planted")
+
+
+def test_a_confined_command_cannot_plant_hooks_config_or_servers(guarded, workspace):
+    before = kept(workspace)
+    result = agent.tool_bash(guarded, PLANT)
+    assert result == "planted\n[exit code 0]\n" + undone(  # what was added, deepest first; then what was changed
+        ".git/hooks/pre-commit (removed)", ".claude/settings.json (removed)", ".git/config (restored)",
+        ".mcp.json (restored)")
+    assert kept(workspace) == before and not (workspace / ".claude" / "settings.json").exists()
+    assert agent.tool_bash(guarded, "echo fine > notes.txt") == "(no output)\n[exit code 0]"  # nothing to undo
+
+
+@pytest.mark.parametrize("command", [
+    "mv .git/hooks .git/hooks.old && ln -s {outside} .git/hooks",  # the hooks folder becomes a symlink out
+    "rm .mcp.json && ln -s {outside}/precious.txt .mcp.json",  # putting .mcp.json back must not write through it
+    "mv .git .git.old && echo 'gitdir: {outside}' > .git",  # a .git file sends git to another folder
+    "rm -rf .git/hooks && ln -s {outside}/precious.txt .git/config",
+])
+def test_putting_back_never_follows_what_the_command_planted(guarded, workspace, outside, command):
+    before = kept(workspace)
+    result = agent.tool_bash(guarded, command.format(outside=outside))
+    assert "[the sandbox undid changes" in result and "could not" not in result, result
+    assert snapshot(outside) == {str(outside / "precious.txt"): "old\n"}
+    assert kept(workspace) == before
+
+
+def test_a_background_process_planting_a_hook_later_is_undone_at_the_next_command(guarded, workspace):
+    first = agent.tool_bash(guarded, "(sleep 0.3; echo evil > .git/hooks/post-checkout; echo done > planted) "
+                                     ">/dev/null 2>&1 &")
+    assert first.endswith("[exit code 0]") and "undid" not in first  # it returned before the hook was there
+    wait_for(workspace / "planted")
+    assert (workspace / ".git" / "hooks" / "post-checkout").exists()
+    assert agent.tool_bash(guarded, "true") == "(no output)\n[exit code 0]\n" + undone(
+        ".git/hooks/post-checkout (removed)")
+    assert not (workspace / ".git" / "hooks" / "post-checkout").exists()
+
+
+@pytest.mark.parametrize("tool, file_path", [
+    ("Write", ".mcp.json"),
+    ("Edit", ".git/config"),
+    ("Write", ".git/hooks/pre-commit"),
+    ("Write", ".claude/settings.json"),
+    ("Write", ".claude/settings.local.json"),
+    ("Write", "sub/../.git/hooks/sub/x"),
+    ("Write", "hooks-link/pre-push"),  # a symlink inside leading to them
+    ("Write", ".claude"),  # a file where the folder goes
+])
+def test_write_and_edit_refuse_the_guarded_files(workspace, private_tmp, tool, file_path):
+    git_init(workspace)
+    (workspace / ".git" / "config").write_text("[core]\n\told = 1\n")
+    (workspace / "sub").mkdir()
+    (workspace / "hooks-link").symlink_to(".git/hooks")
+    ctx = sandboxed(workspace, private_tmp, agent.Guard((Path(real(workspace)),)))
+    before = snapshot(workspace)
+    result = agent.run_tool_call(tool_call(tool, file_path), {t.name: t for t in agent.TOOLS}, ctx)
+    assert result == f"Error: {file_path} may not be changed in this sandbox: git hooks and config, .mcp.json and " \
+                     "Claude settings would run code outside it later; ask the user to change it"
+    assert snapshot(workspace) == before
+
+
+def test_the_program_undoes_a_plant_and_refuses_a_write_and_checks_again_at_exit(serve, run, workspace,
+                                                                                  private_tmp):
+    git_init(workspace)
+    steps = [[bash(PLANT, "plant")], [call("Write", {"file_path": ".mcp.json", "content": "{}"}, id="write")],
+             [bash("(sleep 0.3; echo '{}' > .mcp.json; echo done > planted) >/dev/null 2>&1 &", "later")]]
+
+    def model(body: dict) -> dict:
+        done = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if done < len(steps):
+            return reply(tool_calls=steps[done])
+        wait_for(workspace / "planted")  # the background job planted after its command: only the exit is left
+        return reply("done")
+
+    server = serve(model)
+    before = snapshot(workspace / ".git")
+    result = run(["-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"], cwd=workspace,
+                 base_url=server.url, env={"TMPDIR": str(private_tmp)})
+    assert result.code == 0, result.stderr
+    results = tool_results(server.bodies[-1])
+    assert results["plant"].startswith("planted\n[exit code 0]\n[the sandbox undid changes") and \
+        ".git/hooks/pre-commit (removed)" in results["plant"], results["plant"]
+    assert results["write"].startswith("Error: .mcp.json may not be changed in this sandbox")
+    assert "solo: " + undone(".mcp.json (removed)") in result.stderr, result.stderr
+    assert snapshot(workspace / ".git") == before and not (workspace / ".mcp.json").exists()
