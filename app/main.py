@@ -1470,7 +1470,9 @@ def expand_vars(value: Any, env: dict[str, str]) -> Any:
 
 def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dict], ...]:
     """(name, settings) of every server in these Claude Code `.mcp.json` files or JSON texts; UsageError when
-    one is not readable JSON of that shape."""
+    one is not readable JSON of that shape. The API key is never filled in (nor a variable holding it)."""
+    key = env.get("OPENROUTER_API_KEY", "").strip()
+    env = {name: value for name, value in env.items() if name != "OPENROUTER_API_KEY" and not (key and key in value)}
     servers: dict[str, dict] = {}
     for source in sources:
         try:

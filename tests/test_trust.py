@@ -179,6 +179,37 @@ def test_mcp_config_servers_need_no_approval(serve, run, workspace):
     assert starts(record) == 1 and tool_names(server.bodies[0]) == BUILTINS | {"mcp__mine__echo"}
 
 
+# --- 2. The API key never reaches an MCP config ---------------------------------------------------
+
+
+def test_the_api_key_is_never_filled_into_an_mcp_config():
+    spec = {"command": "${OPENROUTER_API_KEY}", "args": ["--key=${OPENROUTER_API_KEY}", "${KEY_COPY}"],
+            "env": {"K": "${OPENROUTER_API_KEY:-unset}", "C": "${KEY_COPY}", "FINE": "${PLAIN}"},
+            "url": "https://x.example/mcp?k=${OPENROUTER_API_KEY}",
+            "headers": {"Authorization": "Bearer ${OPENROUTER_API_KEY}", "X-Copy": "${BEARER}"}}
+    env = {"OPENROUTER_API_KEY": KEY, "KEY_COPY": KEY, "BEARER": f"Bearer {KEY}", "PLAIN": "plain"}
+    [(name, filled)] = agent.mcp_servers([json.dumps({"mcpServers": {"s": spec}})], env)
+    assert KEY not in json.dumps(filled)
+    assert filled["env"] == {"K": "unset", "C": "", "FINE": "plain"}
+    assert filled["headers"]["Authorization"] == "Bearer " and filled["url"] == "https://x.example/mcp?k="
+
+
+def test_no_server_receives_the_key_in_its_args_env_url_or_headers(serve, run, workspace, listener):
+    record = workspace.parent / "record"
+    config = mcp_config(s=stdio("--only", "echo", "--record", str(record), "--stderr=${OPENROUTER_API_KEY}",
+                                env={"GIVEN": "${OPENROUTER_API_KEY}"}),
+                        h={"type": "http", "url": listener.url + "?k=${OPENROUTER_API_KEY}",
+                           "headers": {"Authorization": "Bearer ${OPENROUTER_API_KEY}"}})
+    (workspace / ".mcp.json").write_text(config)
+    settings(workspace / LOCAL, enableAllProjectMcpServers=True)
+    server = serve(lambda body: reply("ok"))
+    result = run(["-p", "go", "--mcp-config", config.replace('"s"', '"s2"').replace('"h"', '"h2"')],
+                 cwd=workspace, base_url=server.url)
+    assert result.code == 0, result.stderr
+    assert len(records(record)) > 2 and len(listener.seen) == 2  # both files' servers ran and were contacted
+    assert KEY not in json.dumps(records(record)) and KEY not in "".join(listener.seen)
+
+
 # --- 4. Imports from outside the repository -------------------------------------------------------
 
 
