@@ -1677,10 +1677,21 @@ def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> 
                 lambda ctx, **args: server.call(tool["name"], args, timeout), asks=not read_only, read_only=read_only)
 
 
+def offline(cfg: Config, spec: dict) -> bool:
+    """True for an HTTP server off this machine while a sandbox keeps the network off: it is not contacted."""
+    remote = spec.get("type", "stdio") != "stdio" and not on_loopback(str(spec.get("url") or ""))
+    return remote and cfg.sandbox != "off" and not cfg.sandbox_network
+
+
 def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], emit: Callable[[dict], None],
               sandbox: Sandbox | None) -> list[McpServer]:
-    """These servers, started at once; a server that fails gives one warning and is left out."""
-    servers = [McpServer(name, spec, cfg.cwd, env, emit, sandbox) for name, spec in specs]
+    """These servers, started at once; a server that fails gives one warning and is left out, and so does an
+    HTTP server off this machine when the sandbox's network is off (before any connection)."""
+    for name, spec in specs:
+        if offline(cfg, spec):
+            emit({"type": "notice", "text": f"MCP server {name} was not contacted: {host_of(str(spec.get('url')))} is "
+                  "not this machine and the sandbox's network is off (--sandbox-network on allows it)"})
+    servers = [McpServer(name, spec, cfg.cwd, env, emit, sandbox) for name, spec in specs if not offline(cfg, spec)]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
     try:
         for thread in threads:
@@ -1871,8 +1882,12 @@ def host_of(url: str) -> str:
 
 
 def on_loopback(url: str) -> bool:
-    """True for a URL on this machine."""
-    return host_of(url) in ("localhost", "::1") or host_of(url).startswith("127.")
+    """True for a URL on this machine: localhost or a loopback address (127.0.0.0/8, ::1), not a name like 127.x.com."""
+    import ipaddress  # already loaded by requests: free
+    try:
+        return ipaddress.ip_address(host_of(url)).is_loopback
+    except ValueError:
+        return host_of(url) == "localhost"
 
 
 def strict_api(base_url: str) -> bool:

@@ -210,6 +210,49 @@ def test_no_server_receives_the_key_in_its_args_env_url_or_headers(serve, run, w
     assert KEY not in json.dumps(records(record)) and KEY not in "".join(listener.seen)
 
 
+# --- 3. HTTP servers and the sandbox's network ----------------------------------------------------
+
+
+def test_a_remote_http_server_is_not_contacted_when_the_sandbox_network_is_off(serve, run, workspace, listener):
+    config = mcp_config(remote={"type": "http", "url": "http://192.0.2.1:9/mcp"},  # TEST-NET: never answers
+                        local={"type": "http", "url": listener.url})
+    server = serve(lambda body: reply("ok"))
+    started = time.monotonic()
+    result = run(["-p", "go", "--sandbox", "workspace-write", "--mcp-config", config], cwd=workspace,
+                 base_url=server.url, env={"MCP_TIMEOUT": "30"})
+    assert (result.code, result.stdout) == (0, "ok\n"), result.stderr
+    assert time.monotonic() - started < 15  # a connection attempt would wait for MCP_TIMEOUT
+    remote = [line for line in result.stderr.splitlines() if "remote" in line]
+    assert remote == ["solo: MCP server remote was not contacted: 192.0.2.1 is not this machine and the sandbox's "
+                      "network is off (--sandbox-network on allows it)"]
+    assert len(listener.seen) == 1  # loopback is this machine: contacted
+
+
+@pytest.mark.parametrize("sandbox, network, url, contacted", [
+    ("workspace-write", False, "http://192.0.2.1:9/mcp", False),
+    ("read-only", False, "https://example.com/mcp", False),
+    ("read-only", False, "http://127.evil.example/mcp", False),
+    ("workspace-write", False, "http://127.0.0.1:9/mcp", True),
+    ("workspace-write", False, "http://[::1]:9/mcp", True),
+    ("workspace-write", False, "http://localhost:9/mcp", True),
+    ("workspace-write", True, "http://192.0.2.1:9/mcp", True),
+    ("off", False, "http://192.0.2.1:9/mcp", True),
+])
+def test_the_network_rule_is_decided_before_any_connection(tmp_path, monkeypatch, sandbox, network, url, contacted):
+    tried = []
+
+    def refuse(*args, **kwargs):
+        tried.append(args)
+        raise requests.ConnectionError("refused by the test")
+    monkeypatch.setattr(requests, "post", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    cfg = agent.Config(api_key="k", cwd=tmp_path, sandbox=sandbox, sandbox_network=network, mcp_timeout=5)
+    notices = []
+    servers = agent.start_mcp(cfg, [("s", {"type": "http", "url": url})], {}, notices.append, None)
+    assert bool(tried) == contacted == bool(servers)
+    assert ("not contacted" in json.dumps(notices)) != contacted
+
+
 # --- 4. Imports from outside the repository -------------------------------------------------------
 
 
