@@ -1658,9 +1658,10 @@ class McpServer:
             proc.wait()
 
 
-def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> Tool:
+def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float, *, trusted: bool) -> Tool:
     """A server's tool as an entry of the tool table: named mcp__server__tool (within the 64 characters and
-    the letters model APIs allow, unique), its schema made an object, read-only if the server says so."""
+    the letters model APIs allow, unique), its schema made an object, read-only if the server says so and the
+    server is `trusted` (the user's own or approved): an untrusted server's word does not skip a question."""
     name = re.sub(r"[^A-Za-z0-9_-]", "_", f"mcp__{server.name}__{tool['name']}")[:64]
     for n in itertools.count(2):
         if name not in taken:
@@ -1672,7 +1673,7 @@ def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> 
     required = schema.get("required") if isinstance(schema.get("required"), list) else []
     schema.update(type="object", properties={k: v for k, v in properties.items() if isinstance(v, dict)},
                   required=[r for r in required if isinstance(r, str)])
-    read_only = isinstance(tool.get("annotations"), dict) and tool["annotations"].get("readOnlyHint") is True
+    read_only = trusted and isinstance(tool.get("annotations"), dict) and tool["annotations"].get("readOnlyHint") is True
     return Tool(name, str(tool.get("description") or tool.get("title") or tool["name"])[:1024], schema,
                 lambda ctx, **args: server.call(tool["name"], args, timeout), asks=not read_only, read_only=read_only)
 
@@ -2812,7 +2813,8 @@ class Agent:
         self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, sandbox)  # confined like commands
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
-                tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout)
+                # every server started is the user's own (--mcp-config) or one they approved: its hints are trusted
+                tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout, trusted=True)
                 if permitted(cfg, tool.name, server.name):
                     self.tools[tool.name] = tool
 

@@ -270,3 +270,14 @@ def test_a_projects_import_from_home_is_left_out_with_p_but_the_users_own_file_m
     assert "PRIVATE-NOTES" not in system and "TEAM-RULES" in system
     assert f"[@~/private_notes.txt: not imported, it is outside {workspace} and the user has not approved" in system
     assert result.stderr.count("\n") == 1 and "private_notes.txt" in result.stderr
+
+
+# --- 5. readOnlyHint ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_read_only_hints_count_only_from_trusted_servers(trusted):
+    server = agent.McpServer("s", {"command": "unused"}, Path("."), {}, lambda event: None)
+    tool = {"name": "look", "annotations": {"readOnlyHint": True}}
+    entry = agent.mcp_tool(server, tool, set(), 1.0, trusted=trusted)
+    assert (entry.read_only, entry.asks) == (trusted, not trusted)
