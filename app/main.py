@@ -3141,7 +3141,8 @@ class Reporter:
     def __init__(self, cfg: Config, streams: Streams, *, interactive: bool = False, fancy: bool = False):
         self.cfg, self.streams, self.interactive, self.fancy, self.turns = cfg, streams, interactive, fancy, 0
         try:
-            self.trace = open(cfg.trace_path, "a", encoding="utf-8", errors="replace") if cfg.trace_path else None
+            self.trace = open(os.open(cfg.trace_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600), "a",
+                              encoding="utf-8", errors="replace") if cfg.trace_path else None  # it holds everything said
         except OSError as error:
             raise UsageError(f"cannot open the trace file: {error}") from None
         self.showing = False  # the 'thinking' note is on the terminal
