@@ -1790,8 +1790,9 @@ def described(name: str, spec: dict) -> str:
     import shlex  # only when asking
     if spec.get("type", "stdio") != "stdio" or not spec.get("command"):
         return visible(f"{name}: {spec.get('url') or json.dumps(spec)}")
-    env = [f"{k}={'***' if any(w in k.upper() for w in SECRET_WORDS) else v}" for k, v in (spec.get("env") or {}).items()]
-    return visible(f"{name}: {shlex.join([*env, str(spec['command']), *map(str, spec.get('args') or [])])}")
+    env = [f"{k}={'***' if any(w in k.upper() for w in SECRET_WORDS) else shlex.quote(str(v))} "
+           for k, v in (spec.get("env") or {}).items()]
+    return visible(f"{name}: {''.join(env)}{shlex.join([str(spec['command']), *map(str, spec.get('args') or [])])}")
 
 
 def trust_question(cfg: Config, servers: list[tuple[str, dict]], imports: list[Path]) -> str:
