@@ -1472,7 +1472,8 @@ def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dic
     """(name, settings) of every server in these Claude Code `.mcp.json` files or JSON texts; UsageError when
     one is not readable JSON of that shape. The API key is never filled in (nor a variable holding it)."""
     key = env.get("OPENROUTER_API_KEY", "").strip()
-    env = {name: value for name, value in env.items() if name != "OPENROUTER_API_KEY" and not (key and key in value)}
+    env = {name: value for name, value in env.items()
+           if name != "OPENROUTER_API_KEY" and not (len(key) >= 8 and key in value)}  # as short as redact() allows
     servers: dict[str, dict] = {}
     for source in sources:
         try:
@@ -1673,14 +1674,15 @@ def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float, *, 
     required = schema.get("required") if isinstance(schema.get("required"), list) else []
     schema.update(type="object", properties={k: v for k, v in properties.items() if isinstance(v, dict)},
                   required=[r for r in required if isinstance(r, str)])
-    read_only = trusted and isinstance(tool.get("annotations"), dict) and tool["annotations"].get("readOnlyHint") is True
+    hints = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
+    read_only = trusted and hints.get("readOnlyHint") is True
     return Tool(name, str(tool.get("description") or tool.get("title") or tool["name"])[:1024], schema,
                 lambda ctx, **args: server.call(tool["name"], args, timeout), asks=not read_only, read_only=read_only)
 
 
 def offline(cfg: Config, spec: dict) -> bool:
     """True for an HTTP server off this machine while a sandbox keeps the network off: it is not contacted."""
-    remote = spec.get("type", "stdio") != "stdio" and not on_loopback(str(spec.get("url") or ""))
+    remote = spec.get("type", "stdio") != "stdio" and bool(spec.get("url")) and not on_loopback(str(spec["url"]))
     return remote and cfg.sandbox != "off" and not cfg.sandbox_network
 
 
@@ -1746,7 +1748,8 @@ def approve(solo_home: Path | None, project: Path, kind: str, subject: Any, answ
     if solo_home:
         projects, folder = trust_record(solo_home), os.path.realpath(project)
         when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-        projects[folder] = {**projects.get(folder, {}), kind: {"sha256": digest(subject), "approved": answer, "time": when}}
+        entry = {"sha256": digest(subject), "approved": answer, "time": when}
+        projects[folder] = {**projects.get(folder, {}), kind: entry}
         write_private(solo_home / TRUST_FILE, json.dumps({"format": 1, "projects": projects}, indent=1) + "\n")
 
 
@@ -1768,13 +1771,15 @@ class Trust(NamedTuple):
 def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
     """Claude Code's keys from the user's ~/.claude/settings.json and the project's .claude/settings.local.json
     (never its shared .claude/settings.json, which a repository brings): enable all, enabled and disabled names."""
-    files = ([cfg.home / ".claude" / "settings.json"] if cfg.home else []) + [cfg.cwd / ".claude" / "settings.local.json"]
+    mine = [cfg.home / ".claude" / "settings.json"] if cfg.home else []
+    files = [*mine, cfg.cwd / ".claude" / "settings.local.json"]
     every, enabled, disabled = False, set(), set()
     for settings in map(read_json, files):  # the local file last: its enableAllProjectMcpServers wins
         if isinstance(settings.get("enableAllProjectMcpServers"), bool):
             every = settings["enableAllProjectMcpServers"]
         for key, found in (("enabledMcpjsonServers", enabled), ("disabledMcpjsonServers", disabled)):
-            found.update(n for n in settings.get(key) or [] if isinstance(n, str) and isinstance(settings[key], list))
+            listed = settings.get(key) if isinstance(settings.get(key), list) else []
+            found.update(name for name in listed if isinstance(name, str))
     return every, enabled, disabled
 
 
@@ -1789,7 +1794,8 @@ def described(name: str, spec: dict) -> str:
     """A server as the user is asked about it: its command line with its env, or its URL; nothing hidden."""
     import shlex  # only when asking
     if spec.get("type", "stdio") != "stdio" or not spec.get("command"):
-        return visible(f"{name}: {spec.get('url') or json.dumps(spec)}")
+        headers = f" (sends the headers {', '.join(spec['headers'])})" if spec.get("headers") else ""
+        return visible(f"{name}: {spec.get('url') or json.dumps(spec)}{headers}")
     env = [f"{k}={'***' if any(w in k.upper() for w in SECRET_WORDS) else shlex.quote(str(v))} "
            for k, v in (spec.get("env") or {}).items()]
     return visible(f"{name}: {''.join(env)}{shlex.join([str(spec['command']), *map(str, spec.get('args') or [])])}")
@@ -1823,16 +1829,17 @@ def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: 
     answers = {kind: approved(cfg.solo_home, cfg.cwd, kind, subjects[kind])
                for kind, wanted in (("mcp", pending), ("imports", imports)) if wanted}
     unsettled = [kind for kind, answer in answers.items() if answer is None]
-    answer = ask(trust_question(cfg, pending if "mcp" in unsettled else [], imports if "imports" in unsettled else [])) \
-        if ask and unsettled else None
+    question = trust_question(cfg, pending if "mcp" in unsettled else [], imports if "imports" in unsettled else [])
+    answer = ask(question) if ask and unsettled else None
     just_asked = unsettled if answer is not None else []
     for kind in just_asked:
         approve(cfg.solo_home, cfg.cwd, kind, subjects[kind], answer)
         answers[kind] = answer
     skipped = [name for name, _ in pending] if not answers.get("mcp") else []
     if skipped and "mcp" not in just_asked:  # a "no" just typed needs no line
-        notice(f"not starting .mcp.json's MCP servers {', '.join(skipped)}: {refusal(answers['mcp'])}; to approve them, "
-               "start a session here and answer y, or name them in enabledMcpjsonServers in .claude/settings.local.json")
+        notice(f"not starting .mcp.json's MCP servers {', '.join(skipped)}: {refusal(answers['mcp'])}; to approve "
+               "them, start a session here and answer y, or name them in enabledMcpjsonServers in "
+               ".claude/settings.local.json")
     if imports and not answers.get("imports") and "imports" not in just_asked:
         notice(f"left out CLAUDE.md's imports from outside the repository ({', '.join(map(str, imports))}): "
                f"{refusal(answers['imports'])}; to approve them, start a session here and answer y")
@@ -2799,8 +2806,8 @@ class Agent:
     """One run's model client, tools, skills, MCP servers and usage, shared by its conversations and sub-agents."""
 
     def __init__(self, cfg: Config, env: dict[str, str], emit: Callable[[dict], None], *,
-                 ask_user: Callable[[str, dict], bool] | None = None, ask_trust: Callable[[str], bool | None] | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 ask_user: Callable[[str, dict], bool] | None = None,
+                 ask_trust: Callable[[str], bool | None] | None = None, sleep: Callable[[float], None] = time.sleep):
         self.cfg, self.emit, self.usage, self.transcript, self.ask_user = cfg, emit, Usage(), None, ask_user
         self.model = ModelClient(cfg, emit=emit, sleep=sleep)
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
@@ -2811,7 +2818,7 @@ class Agent:
         sandbox = self.confine()
         tool_env = {**command_env(env, cfg.pass_env), **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox)
-        self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, sandbox)  # confined like commands
+        self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, sandbox)  # confined too
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
                 # every server started is the user's own (--mcp-config) or one they approved: its hints are trusted
@@ -3142,8 +3149,9 @@ class Reporter:
     def __init__(self, cfg: Config, streams: Streams, *, interactive: bool = False, fancy: bool = False):
         self.cfg, self.streams, self.interactive, self.fancy, self.turns = cfg, streams, interactive, fancy, 0
         try:
-            self.trace = open(os.open(cfg.trace_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600), "a",
-                              encoding="utf-8", errors="replace") if cfg.trace_path else None  # it holds everything said
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC  # created 0600: it holds everything said
+            self.trace = open(os.open(cfg.trace_path, flags, 0o600), "a", encoding="utf-8", errors="replace") \
+                if cfg.trace_path else None
         except OSError as error:
             raise UsageError(f"cannot open the trace file: {error}") from None
         self.showing = False  # the 'thinking' note is on the terminal
@@ -3459,8 +3467,8 @@ class Session:
     def trust(self, question: str) -> bool | None:
         """Ask once whether this folder's own servers and outside imports may be used; None for Ctrl-D."""
         self.reporter.say(question)
-        answer = self.choose("Allow them here (asked again if they change)? [y/n] ", "Please answer y (yes) or n (no): ",
-                             ("y", "yes", "n", "no"))
+        answer = self.choose("Allow them here (asked again if they change)? [y/n] ",
+                             "Please answer y (yes) or n (no): ", ("y", "yes", "n", "no"))
         return answer == "y" if answer else None
 
     def command(self, line: str) -> bool:

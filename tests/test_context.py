@@ -180,7 +180,8 @@ def test_imports_end_to_end(serve, run, workspace, tmp_path):
     files(tmp_path, {"shared/team.md": "TEAM-TEXT"})
     server = serve(lambda body: reply("ok"))
     assert run(["-p", "hi"], cwd=workspace, base_url=server.url).code == 0  # from outside: only once approved
-    refused = f"not imported, it is outside {workspace} and the user has not approved this project's imports from outside"
+    refused = f"not imported, it is outside {workspace} and the user has not approved this project's imports from " \
+              "outside"
     block = (f'<instructions file="{workspace / "CLAUDE.md"}">\n'
              f"Rules: RULES-TEXT from MORE-TEXT, [@~/personal.md: {refused}], [@{tmp_path}/shared/team.md: {refused}], "
              "[@gone.md: not found]\nWrite to bob@example.com; keep `@docs/rules.md` literal.\n</instructions>")

@@ -36,9 +36,10 @@ def mcp_config(**servers: dict) -> str:
 
 
 def approve_project(workspace: Path, **settings) -> None:
-    """Approve the workspace's .mcp.json servers as a user does for -p: Claude Code's key in .claude/settings.local.json."""
+    """Approve the workspace's .mcp.json servers as a user does for -p: Claude Code's keys in settings.local.json."""
     (workspace / ".claude").mkdir(exist_ok=True)
-    (workspace / ".claude" / "settings.local.json").write_text(json.dumps(settings or {"enableAllProjectMcpServers": True}))
+    keys = settings or {"enableAllProjectMcpServers": True}
+    (workspace / ".claude" / "settings.local.json").write_text(json.dumps(keys))
 
 
 def tool_names(body: dict) -> set[str]:

@@ -6,7 +6,6 @@ the network off; an untrusted server's readOnlyHint skips no question."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import threading
@@ -256,7 +255,7 @@ def test_the_network_rule_is_decided_before_any_connection(tmp_path, monkeypatch
 # --- 4. Imports from outside the repository -------------------------------------------------------
 
 
-def test_a_projects_import_from_home_is_left_out_with_p_but_the_users_own_file_may_import(serve, run, workspace, tmp_path):
+def test_a_projects_import_from_home_is_left_out_with_p_but_the_users_own_may_import(serve, run, workspace, tmp_path):
     home = workspace.parent / "home"
     (workspace / "CLAUDE.md").write_text("Project: @~/private_notes.txt\n")
     (home / ".claude").mkdir(parents=True)
