@@ -1822,7 +1822,7 @@ def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: 
     """The project's servers and outside imports this run may use: those Claude Code's keys or an answer on record
     allow; the rest are asked about once (in a session, when `ask` is given), else left out with a line saying how
     to approve them. disabledMcpjsonServers wins over everything."""
-    every, enabled, disabled = mcp_settings(cfg)
+    every, enabled, disabled = mcp_settings(cfg) if cfg.project_mcp else (False, set(), set())
     pending = [(n, s) for n, s in cfg.project_mcp if n not in disabled and not (every or n in enabled)]
     imports = outside_imports(cfg)
     subjects = {"mcp": dict(cfg.project_mcp), "imports": sorted(map(str, imports))}
