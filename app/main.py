@@ -1786,7 +1786,11 @@ def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
 def outside_imports(cfg: Config) -> list[Path]:
     """The files outside the repository that the project's instruction files import, however deep."""
     found: set[Path] = set()
-    project_instructions(cfg, lambda text: None, outside=lambda path: not found.add(path))
+    def collect(path: Path) -> bool:
+        if path.is_file():  # a missing file is not worth a question
+            found.add(path)
+        return True  # taken, so what it imports is found too
+    project_instructions(cfg, lambda text: None, outside=collect)
     return sorted(found)
 
 
