@@ -1184,7 +1184,8 @@ def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path,
         path = Path(os.path.realpath(home / name[2:] if name.startswith("~/") and home else folder / name))
         away = not path.is_relative_to(os.path.realpath(within))
         elsewhere = away and path.suffix.lower() not in TEXT_SUFFIXES
-        if path in seen or len(seen) > IMPORT_DEPTH or elsewhere or room[0] <= 0 or (away and not outside(path)):
+        if path in seen or len(seen) > IMPORT_DEPTH or elsewhere or room[0] <= 0 \
+                or (away and path.is_file() and not outside(path)):  # asked last; a missing file needs no approval
             why = "it imports itself" if path in seen else "imports nest too deep" if len(seen) > IMPORT_DEPTH \
                 else f"only Markdown or text files are taken from outside {within}" if elsewhere \
                 else f"the instructions passed {INSTRUCTIONS_LIMIT} bytes" if room[0] <= 0 \
@@ -1787,8 +1788,7 @@ def outside_imports(cfg: Config) -> list[Path]:
     """The files outside the repository that the project's instruction files import, however deep."""
     found: set[Path] = set()
     def collect(path: Path) -> bool:
-        if path.is_file():  # a missing file is not worth a question
-            found.add(path)
+        found.add(path)
         return True  # taken, so what it imports is found too
     project_instructions(cfg, lambda text: None, outside=collect)
     return sorted(found)

@@ -271,6 +271,21 @@ def test_a_projects_import_from_home_is_left_out_with_p_but_the_users_own_may_im
     assert result.stderr.count("\n") == 1 and "private_notes.txt" in result.stderr
 
 
+def test_the_question_covers_each_outside_file_that_could_be_imported_however_deep(tmp_path):
+    repo, home = tmp_path / "repo", tmp_path / "home"
+    (repo / ".git").mkdir(parents=True)
+    home.mkdir()
+    (repo / "CLAUDE.md").write_text("@~/notes.md @~/id_rsa @~/missing.md @inside.md `@~/quoted.md`\n")
+    (repo / "inside.md").write_text("INSIDE\n")
+    (home / "notes.md").write_text("NOTES @deep.txt\n")
+    for name in ("deep.txt", "id_rsa", "quoted.md"):
+        (home / name).write_text(name)
+    cfg = agent.Config(api_key="k", cwd=repo, home=home)
+    assert agent.outside_imports(cfg) == [(home / "deep.txt").resolve(), (home / "notes.md").resolve()]
+    text = agent.project_instructions(cfg, print)  # nothing approved
+    assert "INSIDE" in text and "[@~/missing.md: not found]" in text and "NOTES" not in text
+
+
 # --- 5. readOnlyHint ------------------------------------------------------------------------------
 
 
