@@ -3412,7 +3412,7 @@ class Session:
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
         self.streams, self.always, self.resume = streams, set(), (resume, fork)
         self.reporter = Reporter(cfg, streams, interactive=True, fancy=env.get("TERM", "dumb") not in ("", "dumb"))
-        self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm, ask_trust=self.trust)
+        self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm, ask_trust=self.ask_trust)
 
     def read_line(self, prompt: str, *, history: bool = True) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
@@ -3468,7 +3468,7 @@ class Session:
             self.always.add(tool)
         return answer in ("y", "a")
 
-    def trust(self, question: str) -> bool | None:
+    def ask_trust(self, question: str) -> bool | None:
         """Ask once whether this folder's own servers and outside imports may be used; None for Ctrl-D."""
         self.reporter.say(question)
         answer = self.choose("Allow them here (asked again if they change)? [y/n] ",
