@@ -129,7 +129,8 @@ class Config(NamedTuple):
     tools: tuple[str, ...] = ()  # built-in tools advertised to the model
     allowed: tuple[str, ...] = ()  # --allowed-tools as given: also MCP tools (mcp__server__tool) or servers
     disallowed: tuple[str, ...] = ()
-    mcp: tuple[tuple[str, dict], ...] = ()  # MCP servers: name and settings (.mcp.json's shape, variables filled in)
+    mcp: tuple[tuple[str, dict], ...] = ()  # --mcp-config's servers: name and settings (variables filled in)
+    project_mcp: tuple[tuple[str, dict], ...] = ()  # the working directory's .mcp.json: started only when approved
     mcp_timeout: float = 10.0  # seconds a server may take to start and answer initialize
     mcp_tool_timeout: float = 120.0  # seconds one MCP tool call may take
     append_system_prompt: str = ""
@@ -1783,30 +1784,33 @@ def instruction_files(cwd: Path, home: Path | None) -> list[tuple[Path, Path]]:
 
 
 def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path, ...], within: Path,
-                   room: list[int] | None = None) -> str:
+                   room: list[int] | None = None, *, outside: Callable[[Path], bool] = lambda path: False) -> str:
     """Instructions with each @path (relative to their file, ~/ or absolute) replaced by that file's text, up to
     5 levels deep; not inside code spans or fenced blocks. Outside `within` only Markdown and text files are
-    taken, so a cloned project cannot pull ~/.ssh/id_rsa into the prompt. A file not taken leaves a note. Imports
-    stop once they hold INSTRUCTIONS_LIMIT characters (`room`, shared by a file's imports), so files that import
-    each other many times over cannot hang the start."""
+    taken, so a cloned project cannot pull ~/.ssh/id_rsa into the prompt, and only those `outside` allows (the
+    user approved them). A file not taken leaves a note. Imports stop once they hold INSTRUCTIONS_LIMIT characters
+    (`room`, shared by a file's imports), so files that import each other many times over cannot hang the start."""
     room = [INSTRUCTIONS_LIMIT] if room is None else room
     def imported(match: re.Match) -> str:
         if match.group(1):  # a code span: kept as it is
             return match.group(0)
         name = match.group(2)
         path = Path(os.path.realpath(home / name[2:] if name.startswith("~/") and home else folder / name))
-        elsewhere = not path.is_relative_to(os.path.realpath(within)) and path.suffix.lower() not in TEXT_SUFFIXES
-        if path in seen or len(seen) > IMPORT_DEPTH or elsewhere or room[0] <= 0:
+        away = not path.is_relative_to(os.path.realpath(within))
+        elsewhere = away and path.suffix.lower() not in TEXT_SUFFIXES
+        if path in seen or len(seen) > IMPORT_DEPTH or elsewhere or room[0] <= 0 \
+                or (away and path.is_file() and not outside(path)):  # asked last; a missing file needs no approval
             why = "it imports itself" if path in seen else "imports nest too deep" if len(seen) > IMPORT_DEPTH \
                 else f"only Markdown or text files are taken from outside {within}" if elsewhere \
-                else f"the instructions passed {INSTRUCTIONS_LIMIT} bytes"
+                else f"the instructions passed {INSTRUCTIONS_LIMIT} bytes" if room[0] <= 0 \
+                else f"it is outside {within} and the user has not approved this project's imports from outside"
             return f"[@{name}: not imported, {why}]"
         try:
             text = read_small(path)
         except OSError:
             return f"[@{name}: not found]"
         room[0] -= len(text) + len(name)  # the name too: empty files imported over and over add up
-        return expand_imports(text, path.parent, home, (*seen, path), within, room)
+        return expand_imports(text, path.parent, home, (*seen, path), within, room, outside=outside)
     out, fenced = [], False
     for line in text.splitlines(keepends=True):
         fence = line.lstrip().startswith(("```", "~~~"))
@@ -1815,14 +1819,18 @@ def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path,
     return "".join(out)
 
 
-def project_instructions(cfg: Config, notice: Callable[[str], None]) -> str:
-    """The user's instruction files, each headed by its path, at most INSTRUCTIONS_LIMIT bytes in all."""
+def project_instructions(cfg: Config, notice: Callable[[str], None], *,
+                         outside: Callable[[Path], bool] = lambda path: False) -> str:
+    """The user's instruction files, each headed by its path, at most INSTRUCTIONS_LIMIT bytes in all; `outside`
+    says which files outside the repository the project's files may import (the user's own file may import any)."""
     if not cfg.instructions:
         return ""
     parts, loaded, cut, room = [], [], [], INSTRUCTIONS_LIMIT
     for path, within in instruction_files(cfg.cwd, cfg.home):
         with contextlib.suppress(OSError):
-            text = expand_imports(read_small(path, head=True), path.parent, cfg.home, (path.resolve(),), within).strip()
+            mine = cfg.home is not None and path == cfg.home / ".claude" / "CLAUDE.md"
+            text = expand_imports(read_small(path, head=True), path.parent, cfg.home, (path.resolve(),), within,
+                                  outside=(lambda p: True) if mine else outside).strip()
             part = f'<instructions file="{path}">\n{text}\n</instructions>'
             room -= 2 * bool(parts)  # the blank line between files counts too
             if len(part.encode()) > room:
@@ -2079,7 +2087,10 @@ def expand_vars(value: Any, env: dict[str, str]) -> Any:
 
 def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dict], ...]:
     """(name, settings) of every server in these Claude Code `.mcp.json` files or JSON texts; UsageError when
-    one is not readable JSON of that shape."""
+    one is not readable JSON of that shape. The API key is never filled in (nor a variable holding it)."""
+    key = env.get("OPENROUTER_API_KEY", "").strip()
+    env = {name: value for name, value in env.items()
+           if name != "OPENROUTER_API_KEY" and not (len(key) >= 8 and key in value)}  # as short as redact() allows
     servers: dict[str, dict] = {}
     for source in sources:
         try:
@@ -2265,9 +2276,10 @@ class McpServer:
             proc.wait()
 
 
-def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> Tool:
+def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float, *, trusted: bool) -> Tool:
     """A server's tool as an entry of the tool table: named mcp__server__tool (within the 64 characters and
-    the letters model APIs allow, unique), its schema made an object, read-only if the server says so."""
+    the letters model APIs allow, unique), its schema made an object, read-only if the server says so and the
+    server is `trusted` (the user's own or approved): an untrusted server's word does not skip a question."""
     name = re.sub(r"[^A-Za-z0-9_-]", "_", f"mcp__{server.name}__{tool['name']}")[:64]
     for n in itertools.count(2):
         if name not in taken:
@@ -2279,15 +2291,27 @@ def mcp_tool(server: McpServer, tool: dict, taken: set[str], timeout: float) -> 
     required = schema.get("required") if isinstance(schema.get("required"), list) else []
     schema.update(type="object", properties={k: v for k, v in properties.items() if isinstance(v, dict)},
                   required=[r for r in required if isinstance(r, str)])
-    read_only = isinstance(tool.get("annotations"), dict) and tool["annotations"].get("readOnlyHint") is True
+    hints = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
+    read_only = trusted and hints.get("readOnlyHint") is True
     return Tool(name, str(tool.get("description") or tool.get("title") or tool["name"])[:1024], schema,
                 lambda ctx, **args: server.call(tool["name"], args, timeout), asks=not read_only, read_only=read_only)
 
 
-def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None],
+def offline(cfg: Config, spec: dict) -> bool:
+    """True for an HTTP server off this machine while a sandbox keeps the network off: it is not contacted."""
+    remote = spec.get("type", "stdio") != "stdio" and bool(spec.get("url")) and not on_loopback(str(spec["url"]))
+    return remote and cfg.sandbox != "off" and not cfg.sandbox_network
+
+
+def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], emit: Callable[[dict], None],
               spawner: Spawner | None) -> list[McpServer]:
-    """Every configured server, started at once; a server that fails gives one warning and is left out."""
-    servers = [McpServer(name, spec, cfg.cwd, env, emit, spawner) for name, spec in cfg.mcp]
+    """These servers, started at once; a server that fails gives one warning and is left out, and so does an
+    HTTP server off this machine when the sandbox's network is off (before any connection)."""
+    for name, spec in specs:
+        if offline(cfg, spec):
+            emit({"type": "notice", "text": f"MCP server {name} was not contacted: {host_of(str(spec.get('url')))} is "
+                  "not this machine and the sandbox's network is off (--sandbox-network on allows it)"})
+    servers = [McpServer(name, spec, cfg.cwd, env, emit, spawner) for name, spec in specs if not offline(cfg, spec)]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
     try:
         for thread in threads:
@@ -2302,6 +2326,145 @@ def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None],
         if server.state != "connected":
             emit({"type": "notice", "text": f"MCP server {server.name} failed: {server.error}; going on without it"})
     return servers
+
+
+# --- Project trust --------------------------------------------------------------------------------
+# A cloned repository is not the user: what a project's own files ask for (MCP servers to start, files from
+# outside it to import) is used only once the user approved it, for that folder and that exact content.
+# Answers live in SOLO_HOME/trust.json: {"format": 1, "projects": {"<folder>": {"<kind>": {"sha256": hash of
+# what was approved, "approved": true|false, "time": ISO 8601}}}}; a kind's newer answer replaces its older one.
+
+
+TRUST_FILE = "trust.json"
+
+
+def digest(subject: Any) -> str:
+    """The SHA-256 of JSON data: what an approval was given for, so any change to it asks again."""
+    import hashlib  # already loaded by requests: free
+    return hashlib.sha256(json.dumps(subject, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def trust_record(solo_home: Path | None) -> dict:
+    """The answers on record, by folder; {} when there are none."""
+    projects = read_json(solo_home / TRUST_FILE).get("projects") if solo_home else None
+    return {k: v for k, v in projects.items() if isinstance(v, dict)} if isinstance(projects, dict) else {}
+
+
+def approved(solo_home: Path | None, project: Path, kind: str, subject: Any) -> bool | None:
+    """The user's answer about a project's `kind` (mcp, imports, ...) while it is exactly `subject`: True, False,
+    or None when they were never asked about it as it is now."""
+    entry = trust_record(solo_home).get(os.path.realpath(project), {}).get(kind)
+    if isinstance(entry, dict) and entry.get("sha256") == digest(subject):
+        return entry.get("approved") is True
+    return None
+
+
+def approve(solo_home: Path | None, project: Path, kind: str, subject: Any, answer: bool) -> None:
+    """Record the user's answer about a project's `kind` as it is now (0600, replaced at once); without a
+    SOLO_HOME nothing is kept and the next start asks again."""
+    if solo_home:
+        projects, folder = trust_record(solo_home), os.path.realpath(project)
+        when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        entry = {"sha256": digest(subject), "approved": answer, "time": when}
+        projects[folder] = {**projects.get(folder, {}), kind: entry}
+        write_private(solo_home / TRUST_FILE, json.dumps({"format": 1, "projects": projects}, indent=1) + "\n")
+
+
+def forget(solo_home: Path | None, project: Path) -> None:
+    """Drop every answer about a folder, so the next start asks again."""
+    projects = trust_record(solo_home)
+    if solo_home and projects.pop(os.path.realpath(project), None) is not None:
+        write_private(solo_home / TRUST_FILE, json.dumps({"format": 1, "projects": projects}, indent=1) + "\n")
+
+
+class Trust(NamedTuple):
+    """What this run may use of the project's own configuration."""
+
+    servers: tuple[tuple[str, dict], ...] = ()  # .mcp.json's servers the user approved
+    imports: frozenset[Path] = frozenset()  # files outside the repository its instructions may import
+    skipped: tuple[str, ...] = ()  # .mcp.json's servers left out for want of approval
+
+
+def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
+    """Claude Code's keys from the user's ~/.claude/settings.json and the project's .claude/settings.local.json
+    (never its shared .claude/settings.json, which a repository brings): enable all, enabled and disabled names."""
+    mine = [cfg.home / ".claude" / "settings.json"] if cfg.home else []
+    files = [*mine, cfg.cwd / ".claude" / "settings.local.json"]
+    every, enabled, disabled = False, set(), set()
+    for settings in map(read_json, files):  # the local file last: its enableAllProjectMcpServers wins
+        if isinstance(settings.get("enableAllProjectMcpServers"), bool):
+            every = settings["enableAllProjectMcpServers"]
+        for key, found in (("enabledMcpjsonServers", enabled), ("disabledMcpjsonServers", disabled)):
+            listed = settings.get(key) if isinstance(settings.get(key), list) else []
+            found.update(name for name in listed if isinstance(name, str))
+    return every, enabled, disabled
+
+
+def outside_imports(cfg: Config) -> list[Path]:
+    """The files outside the repository that the project's instruction files import, however deep."""
+    found: set[Path] = set()
+    def collect(path: Path) -> bool:
+        found.add(path)
+        return True  # taken, so what it imports is found too
+    project_instructions(cfg, lambda text: None, outside=collect)
+    return sorted(found)
+
+
+def described(name: str, spec: dict) -> str:
+    """A server as the user is asked about it: its command line with its env, or its URL; nothing hidden."""
+    import shlex  # only when asking
+    if spec.get("type", "stdio") != "stdio" or not spec.get("command"):
+        headers = f" (sends the headers {', '.join(spec['headers'])})" if spec.get("headers") else ""
+        return visible(f"{name}: {spec.get('url') or json.dumps(spec)}{headers}")
+    env = [f"{k}={'***' if is_secret(k, str(v)) else shlex.quote(str(v))} "
+           for k, v in (spec.get("env") or {}).items()]
+    return visible(f"{name}: {''.join(env)}{shlex.join([str(spec['command']), *map(str, spec.get('args') or [])])}")
+
+
+def trust_question(cfg: Config, servers: list[tuple[str, dict]], imports: list[Path]) -> str:
+    """What the user is asked to approve for this folder, in full."""
+    lines = [f"This folder's own files ask for what only you can allow ({visible(str(cfg.cwd))}):"]
+    if servers:
+        lines += ["  MCP servers from .mcp.json, started as commands here or contacted over HTTP:"]
+        lines += [f"    {described(name, spec)}" for name, spec in servers]
+    if imports:
+        lines += ["  files outside the repository that its CLAUDE.md imports into the model's instructions:"]
+        lines += [f"    {visible(str(path))}" for path in imports]
+    return "\n".join(lines)
+
+
+def refusal(answer: bool | None) -> str:
+    """Why something of the project's is left out: never approved, or declined."""
+    return "you declined them (/trust in a session here forgets that)" if answer is False else "not approved"
+
+
+def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: Callable[[str], None]) -> Trust:
+    """The project's servers and outside imports this run may use: those Claude Code's keys or an answer on record
+    allow; the rest are asked about once (in a session, when `ask` is given), else left out with a line saying how
+    to approve them. disabledMcpjsonServers wins over everything."""
+    every, enabled, disabled = mcp_settings(cfg) if cfg.project_mcp else (False, set(), set())
+    pending = [(n, s) for n, s in cfg.project_mcp if n not in disabled and not (every or n in enabled)]
+    imports = outside_imports(cfg)
+    subjects = {"mcp": dict(cfg.project_mcp), "imports": sorted(map(str, imports))}
+    answers = {kind: approved(cfg.solo_home, cfg.cwd, kind, subjects[kind])
+               for kind, wanted in (("mcp", pending), ("imports", imports)) if wanted}
+    unsettled = [kind for kind, answer in answers.items() if answer is None]
+    question = trust_question(cfg, pending if "mcp" in unsettled else [], imports if "imports" in unsettled else [])
+    answer = ask(question) if ask and unsettled else None
+    just_asked = unsettled if answer is not None else []
+    for kind in just_asked:
+        approve(cfg.solo_home, cfg.cwd, kind, subjects[kind], answer)
+        answers[kind] = answer
+    skipped = [name for name, _ in pending] if not answers.get("mcp") else []
+    if skipped and "mcp" not in just_asked:  # a "no" just typed needs no line
+        notice(f"not starting .mcp.json's MCP servers {', '.join(skipped)}: {refusal(answers['mcp'])}; to approve "
+               "them, start a session here and answer y, or name them in enabledMcpjsonServers in "
+               ".claude/settings.local.json")
+    if imports and not answers.get("imports") and "imports" not in just_asked:
+        notice(f"left out CLAUDE.md's imports from outside the repository ({', '.join(map(str, imports))}): "
+               f"{refusal(answers['imports'])}; to approve them, start a session here and answer y")
+    servers = tuple((n, s) for n, s in cfg.project_mcp if n not in disabled and n not in skipped)
+    return Trust(servers, frozenset(imports) if answers.get("imports") else frozenset(), tuple(skipped))
 
 
 # --- Messages -------------------------------------------------------------------------------------
@@ -2348,8 +2511,12 @@ def host_of(url: str) -> str:
 
 
 def on_loopback(url: str) -> bool:
-    """True for a URL on this machine."""
-    return host_of(url) in ("localhost", "::1") or host_of(url).startswith("127.")
+    """True for a URL on this machine: localhost or a loopback address (127.0.0.0/8, ::1), not a name like 127.x.com."""
+    import ipaddress  # already loaded by requests: free
+    try:
+        return ipaddress.ip_address(host_of(url)).is_loopback
+    except ValueError:
+        return host_of(url) == "localhost"
 
 
 def strict_api(base_url: str) -> bool:
@@ -3259,22 +3426,25 @@ class Agent:
     """One run's model client, tools, skills, MCP servers and usage, shared by its conversations and sub-agents."""
 
     def __init__(self, cfg: Config, env: dict[str, str], emit: Callable[[dict], None], *,
-                 ask_user: Callable[[str, dict], bool] | None = None, sleep: Callable[[float], None] = time.sleep):
+                 ask_user: Callable[[str, dict], bool] | None = None,
+                 ask_trust: Callable[[str], bool | None] | None = None, sleep: Callable[[float], None] = time.sleep):
         self.cfg, self.emit, self.usage, self.transcript, self.ask_user = cfg, emit, Usage(), None, ask_user
         self.model = ModelClient(cfg, emit=emit, sleep=sleep)
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
         self.scratch, self.servers, self.guard = None, [], None  # a read-only sandbox's private temp folder; the MCP
-        sandbox = self.confine()  # servers; the guarded files of a sandbox
+        self.trust = settle_trust(cfg, ask_trust, self.notice)  # servers; the guarded files of a sandbox. Asked first
+        sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
         tool_env = {**command_env(env, cfg.pass_env), **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard)
-        self.servers = start_mcp(cfg, tool_env, emit, self.spawner)  # confined like commands: a project's .mcp.json too
+        self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner)  # confined too
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
-                tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout)
+                # every server started is the user's own (--mcp-config) or one they approved: its hints are trusted
+                tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout, trusted=True)
                 if permitted(cfg, tool.name, server.name):
                     self.tools[tool.name] = tool
 
@@ -3318,7 +3488,7 @@ class Agent:
     def conversation(self, resume: Path | None = None, fork: bool = False) -> Conversation:
         """The conversation to run, saved as it goes: resumed from a transcript, or new (the system message)."""
         catalog = self.skills if "Skill" in self.tools else {}  # no catalog when the model cannot load them
-        instructions = project_instructions(self.cfg, self.notice)
+        instructions = project_instructions(self.cfg, self.notice, outside=self.trust.imports.__contains__)
         system = [{"role": "system", "content": system_prompt(self.cfg, catalog, instructions)}]
         conversation = Sessions(self.cfg).open(self.cfg.session_id, system, self.notice, resume, fork)
         self.transcript = conversation.transcript  # sub-agents write there too
@@ -3498,6 +3668,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
             raise UsageError(f"--add-dir {folder}: {why}")
     if args.yes and args.permission_mode not in (None, "bypassPermissions"):
         raise UsageError(f"--yes means --permission-mode bypassPermissions, not {args.permission_mode}")
+    mcp = dict(mcp_servers(args.mcp_config, env))
+    project = [] if args.strict_mcp_config or not (cwd / ".mcp.json").is_file() else [str(cwd / ".mcp.json")]
     return Config(
         api_key=api_key, cwd=cwd, base_url=api_base_url(env), max_turns=args.max_turns, max_cost=args.max_cost,
         model=args.model or env.get("OPENROUTER_MODEL", "").strip() or DEFAULT_MODEL, verbose=args.verbose,
@@ -3506,8 +3678,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         max_attempts=int(env_number(env, "SOLO_MAX_ATTEMPTS", 6)), output_format=args.output_format,
         tools=select_tools(args.allowed_tools, args.disallowed_tools),
         allowed=tuple(names(args.allowed_tools)), disallowed=tuple(names(args.disallowed_tools)),
-        mcp=mcp_servers(([] if args.strict_mcp_config or not (cwd / ".mcp.json").is_file()
-                         else [str(cwd / ".mcp.json")]) + args.mcp_config, env),
+        mcp=tuple(mcp.items()), project_mcp=tuple((n, s) for n, s in mcp_servers(project, env) if n not in mcp),
         mcp_timeout=env_number(env, "MCP_TIMEOUT", 10), mcp_tool_timeout=env_number(env, "MCP_TOOL_TIMEOUT", 120),
         append_system_prompt=args.append_system_prompt, trace_path=args.trace, home=home,
         cache=not (args.no_cache or env.get("SOLO_NO_CACHE", "") not in ("", "0")),
@@ -3609,7 +3780,9 @@ class Reporter:
     def __init__(self, cfg: Config, streams: Streams, *, interactive: bool = False, fancy: bool = False):
         self.cfg, self.streams, self.interactive, self.fancy, self.turns = cfg, streams, interactive, fancy, 0
         try:
-            self.trace = open(cfg.trace_path, "a", encoding="utf-8", errors="replace") if cfg.trace_path else None
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC  # created 0600: it holds everything said
+            self.trace = open(os.open(cfg.trace_path, flags, 0o600), "a", encoding="utf-8", errors="replace") \
+                if cfg.trace_path else None
         except OSError as error:
             raise UsageError(f"cannot open the trace file: {error}") from None
         self.showing = False  # the 'thinking' note is on the terminal
@@ -3833,6 +4006,7 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
 SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model [NAME] show or switch the model,
 /cost tokens and cost so far, /compact [FOCUS] summarise the conversation so far,
 /sessions this directory's sessions, /resume go on with one of them, /mcp the MCP servers,
+/trust forget your answer about this folder's .mcp.json servers and outside imports (the next session asks),
 /mode [default|acceptEdits|plan|bypassPermissions] show or set what runs without asking,
 /exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
@@ -3865,7 +4039,7 @@ class Session:
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
         self.streams, self.always, self.resume = streams, set(), (resume, fork)
         self.reporter = Reporter(cfg, streams, interactive=True, fancy=env.get("TERM", "dumb") not in ("", "dumb"))
-        self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm)
+        self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm, ask_trust=self.ask_trust)
 
     def read_line(self, prompt: str, *, history: bool = True) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
@@ -3894,6 +4068,21 @@ class Session:
                 lines.append(self.read_line(""))
         return "\n".join(lines).strip()
 
+    def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
+        """The first letter of the user's answer, asked until it is one of `answers`; "" for Ctrl-D."""
+        with contextlib.suppress(OSError, ValueError):  # what was typed before the question does not answer it
+            import termios
+            termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
+        while True:
+            try:
+                answer = self.read_line(question, history=False).strip().lower()
+            except EOFError:
+                self.streams.stderr.write("\n")
+                return ""
+            if answer in answers:
+                return answer[0]
+            question = again
+
     def confirm(self, tool: str, args: dict) -> bool:
         """Ask before a command or a file change runs, showing it whole: y, n, or a (always, for this tool)."""
         if tool in self.always:
@@ -3903,22 +4092,18 @@ class Session:
             self.reporter.say("still running from earlier commands:\n" + "\n".join(
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
         self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to change {what}")
-        with contextlib.suppress(OSError, ValueError):  # what was typed before the question does not answer it
-            import termios
-            termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
-        question = f"Allow {tool}? [y/n/a] "
-        while True:
-            try:
-                answer = self.read_line(question, history=False).strip().lower()
-            except EOFError:
-                self.streams.stderr.write("\n")
-                return False
-            if answer in ("y", "yes", "n", "no", "a", "always"):
-                break
-            question = "Please answer y (yes), n (no) or a (always, for this tool): "
-        if answer[0] == "a":
+        answer = self.choose(f"Allow {tool}? [y/n/a] ", "Please answer y (yes), n (no) or a (always, for this tool): ",
+                             ("y", "yes", "n", "no", "a", "always"))
+        if answer == "a":
             self.always.add(tool)
-        return answer[0] in "ya"
+        return answer in ("y", "a")
+
+    def ask_trust(self, question: str) -> bool | None:
+        """Ask once whether this folder's own servers and outside imports may be used; None for Ctrl-D."""
+        self.reporter.say(question)
+        answer = self.choose("Allow them here (asked again if they change)? [y/n] ",
+                             "Please answer y (yes) or n (no): ", ("y", "yes", "n", "no"))
+        return answer == "y" if answer else None
 
     def command(self, line: str) -> bool:
         """Handle a /command; False when the line is not one."""
@@ -3949,8 +4134,14 @@ class Session:
                 count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
                 why = f" ({server.error})" if server.error else ""
                 self.reporter.say(f"{server.name}: {server.state}{why}, {count} tools")
-            if not agent.servers:
+            for name in agent.trust.skipped:
+                self.reporter.say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
+            if not agent.servers and not agent.trust.skipped:
                 self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
+        elif word == "/trust":
+            forget(agent.cfg.solo_home, agent.cfg.cwd)
+            self.reporter.say("forgot your answers about this folder's .mcp.json servers and CLAUDE.md imports: "
+                              "the next session here asks again")
         elif word == "/sessions":
             sessions = Sessions(agent.cfg)
             for path in itertools.islice(sessions.recent(), 10):

@@ -175,6 +175,18 @@ def test_append_system_prompt_and_trace(serve, run, workspace, tmp_path):
     assert "sk-test-secret-123" not in trace.read_text()
 
 
+def test_a_new_trace_file_is_private_and_an_existing_one_keeps_its_mode(serve, run, workspace, tmp_path):
+    """The trace holds the whole conversation: created 0600 (whatever the umask); a file the user made is theirs."""
+    server = serve(lambda body: reply("ok"))
+    new, kept = tmp_path / "new.jsonl", tmp_path / "kept.jsonl"
+    kept.write_text("")
+    kept.chmod(0o644)
+    for trace in (new, kept):
+        assert run(["-p", "x", "--trace", str(trace)], cwd=workspace, base_url=server.url).code == 0
+    assert (new.stat().st_mode & 0o777, kept.stat().st_mode & 0o777) == (0o600, 0o644)
+    assert new.read_text() and kept.read_text()
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["-p", "x", "--max-turns", "0"], "argument --max-turns: must be above zero"),

@@ -179,11 +179,20 @@ def test_imports_end_to_end(serve, run, workspace, tmp_path):
     files(home, {"personal.md": "PERSONAL-TEXT"})
     files(tmp_path, {"shared/team.md": "TEAM-TEXT"})
     server = serve(lambda body: reply("ok"))
+    assert run(["-p", "hi"], cwd=workspace, base_url=server.url).code == 0  # from outside: only once approved
+    refused = f"not imported, it is outside {workspace} and the user has not approved this project's imports from " \
+              "outside"
+    block = (f'<instructions file="{workspace / "CLAUDE.md"}">\n'
+             f"Rules: RULES-TEXT from MORE-TEXT, [@~/personal.md: {refused}], [@{tmp_path}/shared/team.md: {refused}], "
+             "[@gone.md: not found]\nWrite to bob@example.com; keep `@docs/rules.md` literal.\n</instructions>")
+    assert block in system_of(server.bodies[0])
+    outside = sorted(os.path.realpath(path) for path in (home / "personal.md", tmp_path / "shared" / "team.md"))
+    agent.approve(home / ".solo", workspace, "imports", outside, True)  # what answering y in a session records
     assert run(["-p", "hi"], cwd=workspace, base_url=server.url).code == 0
     block = (f'<instructions file="{workspace / "CLAUDE.md"}">\n'
              "Rules: RULES-TEXT from MORE-TEXT, PERSONAL-TEXT, TEAM-TEXT, [@gone.md: not found]\n"
              "Write to bob@example.com; keep `@docs/rules.md` literal.\n</instructions>")
-    assert block in system_of(server.bodies[0])
+    assert block in system_of(server.bodies[1])
 
 
 def test_an_import_of_a_fifo_does_not_hang_the_start(serve, run, workspace):
@@ -888,10 +897,11 @@ def test_a_forked_skill_reads_in_full_what_the_main_conversation_read(serve, run
 
 
 def test_a_project_cannot_import_secret_files_from_outside(tmp_path):
-    """Outside its repository, a project's CLAUDE.md may import only Markdown and text files."""
+    """Outside its repository, a project's CLAUDE.md may import only Markdown and text files, even once approved."""
     files(tmp_path, {"home/.ssh/id_rsa": "PRIVATE-KEY", "home/notes.md": "MY-NOTES", "repo/.git/": "",
                      "repo/docs/key.pem": "IN-REPO-PEM"})
     text = "@~/.ssh/id_rsa @~/notes.md @docs/key.pem"
-    expanded = agent.expand_imports(text, tmp_path / "repo", tmp_path / "home", (), tmp_path / "repo")
+    expanded = agent.expand_imports(text, tmp_path / "repo", tmp_path / "home", (), tmp_path / "repo",
+                                    outside=lambda path: True)
     assert expanded == (f"[@~/.ssh/id_rsa: not imported, only Markdown or text files are taken from outside "
                         f"{tmp_path / 'repo'}] MY-NOTES IN-REPO-PEM")

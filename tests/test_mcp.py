@@ -35,6 +35,13 @@ def mcp_config(**servers: dict) -> str:
     return json.dumps({"mcpServers": servers})
 
 
+def approve_project(workspace: Path, **settings) -> None:
+    """Approve the workspace's .mcp.json servers as a user does for -p: Claude Code's keys in settings.local.json."""
+    (workspace / ".claude").mkdir(exist_ok=True)
+    keys = settings or {"enableAllProjectMcpServers": True}
+    (workspace / ".claude" / "settings.local.json").write_text(json.dumps(keys))
+
+
 def tool_names(body: dict) -> set[str]:
     return {tool["function"]["name"] for tool in body.get("tools") or []}
 
@@ -123,6 +130,7 @@ def all_gone(pids: list[int], timeout: float = 5) -> bool:
 
 def test_the_workspace_mcp_json_is_used(serve, run, workspace):
     (workspace / ".mcp.json").write_text(mcp_config(proj=stdio("--only", "echo")))
+    approve_project(workspace)
     server = serve(calls_then_results([call("mcp__proj__echo", {"text": "from .mcp.json"})]))
     result = run(["-p", "go"], cwd=workspace, base_url=server.url)
     assert result.code == 0, result.stderr
@@ -132,6 +140,7 @@ def test_the_workspace_mcp_json_is_used(serve, run, workspace):
 
 def test_mcp_config_takes_files_and_inline_json_and_adds_to_mcp_json(serve, run, workspace):
     (workspace / ".mcp.json").write_text(mcp_config(proj=stdio("--only", "echo")))
+    approve_project(workspace)
     config_file = workspace.parent / "servers.json"
     config_file.write_text(mcp_config(fromfile=stdio("--only", "echo")))
     server = serve(lambda body: reply("ok"))
@@ -144,6 +153,7 @@ def test_mcp_config_takes_files_and_inline_json_and_adds_to_mcp_json(serve, run,
 def test_strict_mcp_config_ignores_mcp_json_and_never_starts_its_servers(serve, run, workspace, pidfile):
     unused = pidfile("unused")
     (workspace / ".mcp.json").write_text(mcp_config(proj=stdio("--only", "echo", "--pidfile", str(unused))))
+    approve_project(workspace)  # approved, and still not started
     server = serve(lambda body: reply("ok"))
     result = run(["-p", "go", "--strict-mcp-config", "--mcp-config", mcp_config(cli=stdio("--only", "echo"))],
                  cwd=workspace, base_url=server.url)
@@ -159,6 +169,7 @@ def test_variables_are_filled_in_and_the_server_sees_no_secrets(serve, run, work
             "env": {"GREETING": "${UNSET_VARIABLE:-hello}", "LEVEL": "${SET_VARIABLE:-unused}",
                     "GIVEN_TOKEN": "${MY_SECRET_TOKEN}"}}
     (workspace / ".mcp.json").write_text(json.dumps({"mcpServers": {"t": spec}}))
+    approve_project(workspace)
     server = serve(lambda body: reply("ok"))
     env = {"PYTHON_FOR_MCP": sys.executable, "SERVER_SCRIPT": str(SERVER), "RECORD_FILE": str(record),
            "SET_VARIABLE": "debug", "PLAIN_VARIABLE": "plain", "MY_SECRET_TOKEN": "tok-1", "DB_PASSWORD": "pw-2",
@@ -647,6 +658,7 @@ def test_a_failing_call_in_a_batch_does_not_cancel_the_others(serve, run, worksp
 def test_slash_mcp_lists_the_servers_state_and_tool_count(serve, terminal, workspace):
     config = mcp_config(t=stdio("--only", "echo,peek,crash"), bad={"command": "/no/such/server"})
     (workspace / ".mcp.json").write_text(config)
+    approve_project(workspace)
     term = terminal(serve(tool_then([call("mcp__t__crash", {})], lambda body: "after: " + last_result(body))))
     term.send("/mcp\r")
     term.expect(r"solo: t: connected, 3 tools\r\n")
@@ -667,6 +679,7 @@ def test_slash_mcp_lists_the_servers_state_and_tool_count(serve, terminal, works
 def test_ctrl_c_during_an_mcp_call_cancels_the_turn_and_the_server_still_answers(serve, terminal, workspace):
     record = workspace.parent / "record"
     (workspace / ".mcp.json").write_text(mcp_config(t=stdio("--only", "sleep,peek", "--record", str(record))))
+    approve_project(workspace)
 
     def model(body):
         last = body["messages"][-1]
@@ -693,6 +706,7 @@ def test_ctrl_c_during_an_mcp_call_cancels_the_turn_and_the_server_still_answers
 def test_an_mcp_tool_that_changes_things_asks_first_and_a_read_only_one_does_not(serve, terminal, workspace):
     record = workspace.parent / "record"
     (workspace / ".mcp.json").write_text(mcp_config(t=stdio("--only", "echo,peek", "--record", str(record))))
+    approve_project(workspace, enabledMcpjsonServers=["t"])
 
     def model(body):
         last = body["messages"][-1]
