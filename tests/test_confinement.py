@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -262,6 +263,25 @@ def test_background_setsid_and_nohup_children_end_when_the_agent_does(serve, run
     server = serve(script([call("Bash", {"command": c}, id=f"c{i}") for i, c in enumerate(commands)]))
     result = run(["-p", "go", *flags], cwd=workspace, base_url=server.url, env={"TMPDIR": str(private_tmp)})
     assert result.code == 0, result.stderr
+    assert wait_until_gone(marker) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_what_commands_left_running_ends_when_the_agent_is_stopped(serve, workspace, tmp_path, signum):
+    marker = f"solo-stopped-{os.getpid()}-{signum}"
+    steps = [[call("Bash", {"command": f"setsid {lingering(marker)} > /dev/null 2>&1 < /dev/null &"}, id="a")],
+             [call("Bash", {"command": lingering(marker + "-running")}, id="b")]]
+    server = serve(script(*steps))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
+    env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="k", HOME=str(tmp_path))
+    proc = subprocess.Popen([str(PROGRAM), "-p", "go"], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while len(pids_with(marker)) < 2:  # the leftover and the running command
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    assert proc.wait(15) == 128 + signum, proc.stderr.read()
     assert wait_until_gone(marker) == []
 
 
