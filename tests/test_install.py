@@ -1,0 +1,59 @@
+"""Install and first run: `pip install .` gives a `solo` command and the launcher works through a symlink on PATH.
+Offline: builds use what tests/setup.sh installed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+
+from app import main as agent
+from tests.conftest import PROGRAM, ROOT
+
+PROJECT_FILES = ("pyproject.toml", "README.md", "your_program.sh", "tests/setup.sh", "app/__init__.py", "app/main.py")
+
+
+def copy_project(to: Path) -> Path:
+    """The files a fresh clone needs to build or run, copied (no .venv, no build leftovers in the repository)."""
+    for name in PROJECT_FILES:
+        (to / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, to / name)
+    return to
+
+
+def run(args: list, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """A command with the test's environment and these variables; it must succeed."""
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_pip_install_gives_a_solo_command_and_no_top_level_app(tmp_path, workspace):
+    src, venv = copy_project(tmp_path / "src"), tmp_path / "venv"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", src], tmp_path)
+    run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path)
+    wheel = tmp_path / "dist" / f"solo_agent-{agent.VERSION}-py3-none-any.whl"  # the version is main.py's
+    run([*pip, "--python", venv / "bin" / "python", "install", "--no-deps", "--no-index", wheel], tmp_path)
+    record = next(venv.glob("lib/python*/site-packages/solo_agent-*.dist-info/RECORD")).read_text()
+    installed = {line.split(",")[0].split("/")[0] for line in record.splitlines()}
+    assert "solo" in installed and "app" not in installed  # the package is `solo`; nothing named `app`
+    (workspace / "solo").mkdir()  # a folder of the working directory must not shadow the installed package
+    (workspace / "solo" / "main.py").write_text("raise SystemExit('the workspace solo/main.py ran')\n")
+    deps = Path(requests.__file__).parents[1]  # requests, from the test's own environment (offline)
+    path = f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    assert run(["solo", "--version"], workspace, PATH=path, PYTHONPATH=str(deps)).stdout == f"solo {agent.VERSION}\n"
+
+
+def test_the_launcher_works_through_a_chain_of_symlinks_on_path(tmp_path, workspace):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "absolute").symlink_to(PROGRAM)
+    (tmp_path / "bin" / "solo-dev").symlink_to(Path("..", "links", "absolute"))  # relative, to another link
+    path = f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    assert run(["solo-dev", "--version"], workspace, PATH=path).stdout == f"solo {agent.VERSION}\n"
