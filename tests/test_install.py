@@ -1,5 +1,5 @@
-"""Install and first run: `pip install .` gives a `solo` command and the launcher works through a symlink on PATH.
-Offline: builds use what tests/setup.sh installed."""
+"""Install and first run: `pip install .` gives a `solo` command, the launcher works through a symlink on PATH,
+and its first run installs only the runtime dependency. Offline: builds use what tests/setup.sh installed."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import requests
@@ -57,3 +58,36 @@ def test_the_launcher_works_through_a_chain_of_symlinks_on_path(tmp_path, worksp
     (tmp_path / "bin" / "solo-dev").symlink_to(Path("..", "links", "absolute"))  # relative, to another link
     path = f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
     assert run(["solo-dev", "--version"], workspace, PATH=path).stdout == f"solo {agent.VERSION}\n"
+
+
+FAKE_UV = """#!/bin/sh
+# Records how it was called; `uv venv DIR` makes DIR/bin/python run the test's own interpreter.
+echo "$*" >> "$UV_LOG"
+if [ "$1" = venv ]; then
+  for venv; do :; done
+  mkdir -p "$venv/bin"
+  printf '#!/bin/sh\\nexec %s "$@"\\n' "$TEST_PYTHON" > "$venv/bin/python"
+  chmod +x "$venv/bin/python"
+fi
+"""
+
+
+def test_the_first_run_installs_only_the_runtime_dependency(tmp_path, workspace):
+    project = copy_project(tmp_path / "clone")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "uv").write_text(FAKE_UV)
+    (tmp_path / "bin" / "uv").chmod(0o755)
+    log = tmp_path / "uv.log"
+    env = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "UV_LOG": str(log),
+           "TEST_PYTHON": sys.executable}
+    installs = lambda: [[word for word in line.split()[2:] if not word.startswith("-") and "/" not in word]
+                        for line in log.read_text().splitlines() if line.startswith("pip install")]  # the packages
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    first = run([project / "your_program.sh", "--version"], workspace, **env)
+    assert first.stdout == f"solo {agent.VERSION}\n" and "preparing" in first.stderr
+    assert installs() == [deps["dependencies"]]
+    run([project / "tests" / "setup.sh"], workspace, **env)  # the test command adds the test extras
+    assert installs()[1:] == [deps["dependencies"] + deps["optional-dependencies"]["test"]]
+    calls = log.read_text()
+    again = run([project / "your_program.sh", "--version"], workspace, **env)
+    assert again.stderr == "" and log.read_text() == calls  # later runs set nothing up
