@@ -1,13 +1,19 @@
 """solo: a coding agent in one file.
 
-Usage:
-    ./your_program.sh -p "PROMPT" [options]     answer one prompt, print the answer, exit
-    ./your_program.sh [options]                 read the prompt from piped stdin, or start a session
+Usage (`solo` installed, or ./your_program.sh in the repository):
+    solo -p "PROMPT" [options]     answer one prompt, print the answer, exit
+    solo [options]                 read the prompt from piped stdin, or start a session
 
 The agent sends the conversation and its tool specs to OpenRouter's chat completions API, runs every
 tool call the model makes (Read, Write, Edit, Bash, Glob, Grep, Skill) in the working directory, sends
 the results back, and loops until the model answers without tool calls. stdout carries the answer and
 nothing else; progress, warnings and errors go to stderr.
+
+Examples:
+    solo -p "What does this project do?"           # answer one prompt and exit
+    git diff | solo -p "Review this change"        # piped text is the prompt's context
+    solo --model anthropic/claude-sonnet-4.5       # a session with another model
+    solo -c -p "Now run the tests"                 # go on with this folder's last session
 
 Environment:
     OPENROUTER_API_KEY       required; never printed, never passed to commands
@@ -22,6 +28,9 @@ Environment:
     SOLO_HOME                where transcripts and caches live (default ~/.solo)
     SOLO_SESSION_DAYS        transcripts older than this are deleted (default 30)
     SOLO_COMPACT_AT          share of the context window that may fill before compaction (default 0.8; 1: never)
+    SOLO_SANDBOX             the sandbox mode when --sandbox is not given (default off)
+    MCP_TIMEOUT              seconds an MCP server may take to start (default 10)
+    MCP_TOOL_TIMEOUT         seconds one MCP tool call may take (default 120)
     SOLO_DEBUG=1             show Python tracebacks for internal errors
 
 Exit codes:
@@ -3077,15 +3086,21 @@ def positive(kind: type) -> Callable[[str], Any]:
     return convert
 
 
+def help_epilog() -> str:
+    """--help's closing text: the manual's examples, the session's commands, the environment and exit codes."""
+    examples, _, rest = (__doc__ or "").partition("Examples:")[2].partition("Environment:")
+    commands = "\n".join("    " + line for line in SESSION_HELP.splitlines())
+    return f"Examples:{examples}In a session:\n{commands}\n\nEnvironment:{rest}"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options, with `-p VALUE` taken whole even when the value starts with '-'."""
     at = next((i for i, arg in enumerate(argv[:-1]) if arg in ("-p", "--print")), -1)
     argv = list(argv) if at < 0 else [*argv[:at], f"--print={argv[at + 1]}", *argv[at + 2:]]
-    parser = Parser(prog="your_program.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = Parser(prog="solo", formatter_class=argparse.RawDescriptionHelpFormatter,
                     description="solo: a coding agent in one file. With -p it answers one prompt; with piped "
                                 "stdin the text is the prompt (or, with -p, its context); on a terminal it "
-                                "starts a session.",
-                    epilog="Environment:" + (__doc__ or "").partition("Environment:")[2])
+                                "starts a session.", epilog=help_epilog())
     add = parser.add_argument
     add("-p", "--print", dest="prompt", metavar="PROMPT", help="answer this prompt and exit")
     add("--model", metavar="NAME", help=f"model name (default $OPENROUTER_MODEL or {DEFAULT_MODEL})")
