@@ -252,6 +252,20 @@ def test_model_without_a_name_shows_it_and_no_thinking_note_on_a_dumb_terminal(s
     assert term.wait() == 0
 
 
+def test_model_name_is_checked_against_the_model_list_before_it_is_taken(serve, terminal):
+    listed = [{"id": "anthropic/claude-haiku-4.5"}, {"id": "anthropic/claude-sonnet-4.5"}, {"id": "openai/gpt-5"}]
+    server = serve(lambda body: reply(f"{body['model']} here"), models=listed)
+    term = terminal(server)
+    term.ask("/model claude-sonnet-4.5", "does not know the model claude-sonnet-4.5; did you mean "
+                                         "anthropic/claude-sonnet-4.5")
+    term.ask("/model xyzzy", r"does not know the model xyzzy \(model names look like anthropic/claude-sonnet-4\.5")
+    term.ask("hello", "anthropic/claude-haiku-4.5 here")  # a refused name changes nothing
+    term.ask("/model anthropic/claude-sonnet-4.5", "model: anthropic/claude-sonnet-4.5")
+    assert server.gets == ["/api/v1/models"] * 3
+    term.send("/exit\r")
+    assert term.wait() == 0
+
+
 def test_ctrl_c_while_a_finished_answer_prints_keeps_the_turn(serve, workspace):
     """In process: the answer's printing is interrupted; the turn it ends must stay in the conversation."""
     import io
