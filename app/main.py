@@ -3366,6 +3366,9 @@ class Reporter:
             self.api_seconds += event["seconds"]
         elif kind == "assistant":
             self.turns, self.stop_reason = self.turns + 1, event["finish_reason"]
+            text = content_text(event["message"])
+            if self.interactive and not self.streamed and text and event["message"].get("tool_calls"):
+                self.show(text)  # a whole reply's text before its tool calls, where a streamed one has shown it
             self.answered, self.streamed = self.streamed, False
             self.end_line()
         elif kind == "notice":
@@ -3416,10 +3419,14 @@ class Reporter:
             self.write_json({"type": "stream_event", "event": event, "parent_tool_use_id": None,
                              "session_id": self.cfg.session_id, "uuid": new_uuid()})
         if self.interactive:
-            self.thinking(False)
-            self.streams.stdout.write(for_terminal(text, self.streams.stdout))
-            self.streams.stdout.flush()
-            self.live = self.streamed = True
+            self.show(text)
+
+    def show(self, text: str) -> None:
+        """The model's text on a session's stdout, its line left open for more."""
+        self.thinking(False)
+        self.streams.stdout.write(for_terminal(text, self.streams.stdout))
+        self.streams.stdout.flush()
+        self.live = self.streamed = True
 
     def write_json(self, obj: dict) -> None:
         """One JSON object as a line on stdout."""
