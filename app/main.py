@@ -2400,7 +2400,8 @@ class ModelClient:
     def model_list(self) -> list[dict] | None:
         """The API's model list (GET /models: id, context_length, top_provider, pricing); None out of reach."""
         try:
-            response = self.session.get(self.cfg.base_url.rstrip("/") + "/models", timeout=(self.cfg.connect_timeout, 30))
+            response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
+                                        timeout=(self.cfg.connect_timeout, 30))
             return [m for m in response.json()["data"] if isinstance(m, dict)]
         except (requests.RequestException, ValueError, KeyError, TypeError):
             return None

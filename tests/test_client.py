@@ -66,8 +66,8 @@ CASES = {
                                     "HTTP 400: no such model", 0),
     "non-JSON 400": ([(400, "<html>nope</html>", {})], "HTTP 400: the API sent a non-JSON reply: <html>nope</html>", 0),
     "unknown model hints at the form": ([(400, error(400, "claude-sonnet-4.5 is not a valid model ID"), {})],
-                                        "HTTP 400: claude-sonnet-4.5 is not a valid model ID (model names look like "
-                                        "anthropic/claude-sonnet-4.5; see https://openrouter.ai/models)", 0),
+                                        ("HTTP 400: claude-sonnet-4.5 is not a valid model ID (model names look like "
+                                         "anthropic/claude-sonnet-4.5; see https://openrouter.ai/models)"), 0),
 }
 
 
