@@ -1,13 +1,19 @@
 """solo: a coding agent in one file.
 
-Usage:
-    ./your_program.sh -p "PROMPT" [options]     answer one prompt, print the answer, exit
-    ./your_program.sh [options]                 read the prompt from piped stdin, or start a session
+Usage (`solo` installed, or ./your_program.sh in the repository):
+    solo -p "PROMPT" [options]     answer one prompt, print the answer, exit
+    solo [options]                 read the prompt from piped stdin, or start a session
 
 The agent sends the conversation and its tool specs to OpenRouter's chat completions API, runs every
 tool call the model makes (Read, Write, Edit, Bash, Glob, Grep, Skill) in the working directory, sends
 the results back, and loops until the model answers without tool calls. stdout carries the answer and
 nothing else; progress, warnings and errors go to stderr.
+
+Examples:
+    solo -p "What does this project do?"           # answer one prompt and exit
+    git diff | solo -p "Review this change"        # piped text is the prompt's context
+    solo --model anthropic/claude-sonnet-4.5       # a session with another model
+    solo -c -p "Now run the tests"                 # go on with this folder's last session
 
 Environment:
     OPENROUTER_API_KEY       required; never printed, never passed to commands
@@ -22,6 +28,9 @@ Environment:
     SOLO_HOME                where transcripts and caches live (default ~/.solo)
     SOLO_SESSION_DAYS        transcripts older than this are deleted (default 30)
     SOLO_COMPACT_AT          share of the context window that may fill before compaction (default 0.8; 1: never)
+    SOLO_SANDBOX             the sandbox mode when --sandbox is not given (default off)
+    MCP_TIMEOUT              seconds an MCP server may take to start (default 10)
+    MCP_TOOL_TIMEOUT         seconds one MCP tool call may take (default 120)
     SOLO_DEBUG=1             show Python tracebacks for internal errors
 
 Exit codes:
@@ -99,6 +108,11 @@ SKILL_LIMIT = 256_000  # bytes of one SKILL.md
 
 RETRY_STATUSES = {408, 429, 500, 502, 503, 504, 524, 529}
 FINAL_STATUSES = {400, 401, 402, 403, 404}
+MODEL_FORM = "anthropic/claude-sonnet-4.5"  # what an OpenRouter model name looks like, shown when one is not known
+MODEL_HINT = f"model names look like {MODEL_FORM}; see https://openrouter.ai/models"
+BASE_URL_HINT = f"check OPENROUTER_BASE_URL: OpenRouter's is {DEFAULT_BASE_URL}, ending in /api/v1"
+NO_RESOLUTION = re.compile(r"Failed to resolve|name resolution|Name or service not known|nodename nor servname|"
+                           r"No address associated|getaddrinfo failed")  # the host's name does not resolve
 STATUS_HINTS = {
     401: "check OPENROUTER_API_KEY",
     402: "the account is out of credits",
@@ -2752,7 +2766,8 @@ def api_failure(status: int, error: Any, wait: float | None = None) -> ApiError:
     if is_overflow(code, message, error):
         return ContextOverflow(f"HTTP {code}: {message}", status=code)
     hint = STATUS_HINTS.get(code) or (
-        "the model may not support tool calls" if code == 404 and "endpoint" in message.lower() else "")
+        "the model may not support tool calls" if code == 404 and "endpoint" in message.lower() else
+        MODEL_HINT if "not a valid model" in message.lower() else "")
     retryable = code not in FINAL_STATUSES and (code in RETRY_STATUSES or code >= 500 or status == 200)
     return ApiError(f"HTTP {code}: {message}" + (f" ({hint})" if hint else ""), retryable=retryable, retry_after=wait,
                     status=code)
@@ -2916,9 +2931,16 @@ class ModelClient:
                     if time.monotonic() - started > REPLY_SECONDS:  # keep-alives alone can go on for ever
                         raise ApiError(f"the reply took longer than {REPLY_SECONDS / 60:g} minutes; it was abandoned")
                 return reply.result()
+        except ApiError as error:
+            if status == 404 and not self.cfg.base_url.rstrip("/").endswith("/api/v1"):  # most likely the wrong path
+                raise ApiError(f"{error} ({BASE_URL_HINT})", status=status) from None
+            raise
         except requests.RequestException as error:
             if "Connection refused" in str(error) and on_loopback(self.url):  # nothing to wait for
                 raise ApiError(f"could not reach {self.url}: connection refused (is the server running?)") from None
+            if NO_RESOLUTION.search(str(error)):  # no network, or a mistyped host: waiting will not help
+                raise ApiError(f"could not reach {self.url}: the name {host_of(self.url)} does not resolve (no "
+                               "network? check OPENROUTER_BASE_URL)") from None
             if isinstance(error, requests.Timeout) or "timed out" in str(error):
                 raise ApiError(f"no data from the API for {self.cfg.read_timeout:g} s", retryable=True) from None
             found = re.search(r"\[Errno -?\d+\][^'\")]*|Connection aborted|Remote end closed[^'\")]*|"
@@ -2931,6 +2953,26 @@ class ModelClient:
             self.emit({"type": "reply", "status": status, "seconds": round(ended - started, 3),
                        "first_byte_seconds": round((first or ended) - started, 3)})
 
+    def model_list(self) -> list[dict] | None:
+        """The API's model list (GET /models: id, context_length, top_provider, pricing); None out of reach."""
+        try:
+            response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
+                                        timeout=(self.cfg.connect_timeout, 30))
+            return [m for m in response.json()["data"] if isinstance(m, dict)]
+        except (requests.RequestException, ValueError, KeyError, TypeError):
+            return None
+
+    def check_model(self, model: str) -> None:
+        """UsageError, naming the closest names, for a model the API's list lacks; a notice when there is no list."""
+        if (models := self.model_list()) is None:
+            return self.emit({"type": "notice", "text": f"could not check {model} against the API's model list"})
+        names = [m["id"] for m in models if isinstance(m.get("id"), str)]
+        if model not in names:
+            import difflib  # only here: it costs start-up time
+            close = difflib.get_close_matches(model, names, n=3, cutoff=0.6)
+            raise UsageError(f"the API does not know the model {model}"
+                             + (f"; did you mean {', '.join(close)}?" if close else f" ({MODEL_HINT})"))
+
     def model_info(self, model: str) -> dict:
         """A model's entry of the API's model list (context_length, top_provider, pricing), kept a day under
         solo_home; {} when the list is out of reach or lacks the model. Asked at most once a run for a model."""
@@ -2941,12 +2983,9 @@ class ModelClient:
             if isinstance(entry.get("time"), (int, float)) and time.time() - entry["time"] < MODEL_LIST_SECONDS \
                     and isinstance(entry.get("info"), dict):
                 return self.info.setdefault(model, entry["info"])
-            try:
-                response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
-                                            timeout=(self.cfg.connect_timeout, 30))
-                entry = next((m for m in response.json()["data"] if m.get("id") == model), {})
-            except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError):
+            if (models := self.model_list()) is None:
                 return self.info.setdefault(model, {})
+            entry = next((m for m in models if m.get("id") == model), {})
             self.info[model] = {k: entry[k] for k in ("context_length", "top_provider", "pricing") if k in entry}
             if path:
                 write_private(path, json.dumps({**cache, key: {"time": time.time(), "info": self.info[model]}}))
@@ -3641,15 +3680,21 @@ def positive(kind: type) -> Callable[[str], Any]:
     return convert
 
 
+def help_epilog() -> str:
+    """--help's closing text: the manual's examples, the session's commands, the environment and exit codes."""
+    examples, _, rest = (__doc__ or "").partition("Examples:")[2].partition("Environment:")
+    commands = "\n".join("    " + line for line in SESSION_HELP.splitlines())
+    return f"Examples:{examples}In a session:\n{commands}\n\nEnvironment:{rest}"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options, with `-p VALUE` taken whole even when the value starts with '-'."""
     at = next((i for i, arg in enumerate(argv[:-1]) if arg in ("-p", "--print")), -1)
     argv = list(argv) if at < 0 else [*argv[:at], f"--print={argv[at + 1]}", *argv[at + 2:]]
-    parser = Parser(prog="your_program.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = Parser(prog="solo", formatter_class=argparse.RawDescriptionHelpFormatter,
                     description="solo: a coding agent in one file. With -p it answers one prompt; with piped "
                                 "stdin the text is the prompt (or, with -p, its context); on a terminal it "
-                                "starts a session.",
-                    epilog="Environment:" + (__doc__ or "").partition("Environment:")[2])
+                                "starts a session.", epilog=help_epilog())
     add = parser.add_argument
     add("-p", "--print", dest="prompt", metavar="PROMPT", help="answer this prompt and exit")
     add("--model", metavar="NAME", help=f"model name (default $OPENROUTER_MODEL or {DEFAULT_MODEL})")
@@ -3889,6 +3934,9 @@ class Reporter:
             self.api_seconds += event["seconds"]
         elif kind == "assistant":
             self.turns, self.stop_reason = self.turns + 1, event["finish_reason"]
+            text = content_text(event["message"])
+            if self.interactive and not self.streamed and text and event["message"].get("tool_calls"):
+                self.show(text)  # a whole reply's text before its tool calls, where a streamed one has shown it
             self.answered, self.streamed = self.streamed, False
             self.end_line()
         elif kind == "notice":
@@ -3939,10 +3987,14 @@ class Reporter:
             self.write_json({"type": "stream_event", "event": event, "parent_tool_use_id": None,
                              "session_id": self.cfg.session_id, "uuid": new_uuid()})
         if self.interactive:
-            self.thinking(False)
-            self.streams.stdout.write(for_terminal(text, self.streams.stdout))
-            self.streams.stdout.flush()
-            self.live = self.streamed = True
+            self.show(text)
+
+    def show(self, text: str) -> None:
+        """The model's text on a session's stdout, its line left open for more."""
+        self.thinking(False)
+        self.streams.stdout.write(for_terminal(text, self.streams.stdout))
+        self.streams.stdout.flush()
+        self.live = self.streamed = True
 
     def write_json(self, obj: dict) -> None:
         """One JSON object as a line on stdout."""
@@ -4189,6 +4241,7 @@ class Session:
             self.reporter.say(agent.usage.line())
         elif word == "/model":
             if rest.strip():
+                agent.model.check_model(rest.strip())
                 agent.cfg = agent.cfg._replace(model=rest.strip())
                 messages.note({"type": "model", "model": agent.cfg.model})
             self.reporter.say(f"model: {agent.cfg.model}")
