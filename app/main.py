@@ -2535,7 +2535,7 @@ RULE_TOOLS = ("Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Bash", "Glo
               "WebSearch", "Task", "Agent", "TodoWrite", "NotebookRead", "LS")  # names Claude Code's rules use
 EDITORS = ("Edit", "Write", "MultiEdit", "NotebookEdit")  # governed by Edit rules
 READERS = ("Read", "Glob", "Grep", "NotebookRead", "LS")  # governed by Read rules
-RULE_PATTERN = re.compile(r"([A-Za-z][\w-]*)(?:\((.*)\))?", re.DOTALL)
+RULE_PATTERN = re.compile(r"([A-Za-z][\w-]*(?:__\*)?)(?:\((.*)\))?", re.DOTALL)
 SEPARATORS = ("&&", "||", ";;", "|&", ";", "|", "&", "\n")
 WRAPPERS = {"sudo", "command", "builtin", "exec", "nohup", "time", "nice", "env", "then", "do", "else", "if",
             "elif", "while", "until", "!", "{", "(", "xargs", "timeout"}  # what may stand before a denied command
@@ -2995,10 +2995,11 @@ class Hooks:
                    "output": stdout + stderr, "outcome": "success" if result.code in (0, 2) else "error",
                    "decision": result.decision or ("block" if result.block else ""),
                    "seconds": time.monotonic() - started})
-        if result.code not in (0, 2) and not (result.code == 127 and hook.command in self.missing):
+        if result.code not in (0, 2):  # a command that is not there: said once
+            if not (result.code == 127 and hook.command in self.missing):
+                self.emit({"type": "notice", "text": f"{hook.event} hook {visible(one_line(hook.command, 80))} failed "
+                           f"(exit {result.code}): {one_line(result.message, 200) or 'no output'}; going on"})
             self.missing.update([hook.command] if result.code == 127 else [])
-            self.emit({"type": "notice", "text": f"{hook.event} hook {visible(one_line(hook.command, 80))} failed "
-                       f"(exit {result.code}): {one_line(result.message, 200) or 'no output'}; going on"})
         elif result.message:
             self.emit({"type": "notice", "text": f"{hook.event} hook: {one_line(result.message, 300)}"})
         return result
