@@ -2424,10 +2424,11 @@ def read_settings(sources: tuple[str, ...], home: Path | None, cwd: Path, flag: 
     layers = []
     for scope, path, base in setting_files(sources, home, cwd):
         try:
-            text = read_small(path)
-        except OSError:
-            continue  # no file: the usual case, one stat
-        layers.append(parsed_layer(scope, str(path), text, base))
+            layers.append(parsed_layer(scope, str(path), read_small(path), base))
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # no file: the usual case, one failed open
+        except OSError as error:
+            layers.append(Layer(scope, str(path), {}, base, (f"{path} was not read: {error.strerror or error}",)))
     if flag is not None:
         if flag.lstrip().startswith("{"):
             layers.append(parsed_layer("flag", "--settings", flag, cwd))
@@ -2541,6 +2542,7 @@ WRAPPERS = {"sudo", "command", "builtin", "exec", "nohup", "time", "nice", "env"
             "elif", "while", "until", "!", "{", "(", "xargs", "timeout"}  # what may stand before a denied command
 SUBCOMMANDS = {"git", "npm", "pnpm", "yarn", "bun", "cargo", "go", "docker", "kubectl", "pip", "pip3", "uv", "poetry",
                "gh", "dotnet", "brew", "apt", "apt-get", "systemctl", "terraform", "helm", "mvn", "gradle", "deno"}
+SHELLS = {"bash", "sh", "zsh", "dash", "fish"}
 NO_PREFIX = {"bash", "sh", "zsh", "dash", "fish", "eval", "python", "python3", "node", "perl", "ruby", "php", "ssh",
              "find", "awk", "sed"} | WRAPPERS  # a prefix of these would allow anything: the exact command instead
 
@@ -2638,15 +2640,22 @@ def command_parts(command: str) -> list[str]:
     return [p for p in found if p] + [q for text in inner for q in command_parts(text)]
 
 
-def unwrapped(part: str) -> list[str]:
+def unwrapped(part: str, depth: int = 0) -> list[str]:
     """A part as written and as it really runs, for deny and ask rules: without variables set before it, words
-    like sudo, nohup or then, and the folder of its program (/bin/rm is rm)."""
+    like sudo, nohup or then, quotes in or the folder of its program ('rm', /bin/rm), and what eval or sh -c run."""
     words, forms = part.split(" "), [part]
-    while words and (words[0] in WRAPPERS or re.fullmatch(r"[A-Za-z_]\w*=\S*", words[0]) or words[0].startswith("-")):
+    name = lambda word: re.sub(r"['\"\\]", "", word).rsplit("/", 1)[-1]
+    while words and (name(words[0]) in WRAPPERS or re.fullmatch(r"[A-Za-z_]\w*=\S*", words[0]) or words[0][:1] == "-"):
         words = words[1:]
         forms.append(" ".join(words))
-    if words and "/" in words[0]:
-        forms.append(" ".join([words[0].rsplit("/", 1)[1], *words[1:]]))
+    if words and name(words[0]) != words[0]:
+        forms.append(" ".join([name(words[0]), *words[1:]]))
+    if words and depth < 3 and (name(words[0]) == "eval" or (name(words[0]) in SHELLS and words[1:2] == ["-c"])):
+        import shlex  # only for a command that runs another
+        with contextlib.suppress(ValueError):
+            args = shlex.split(" ".join(words[1:]))
+            inner = " ".join(args) if name(words[0]) == "eval" else args[1] if len(args) > 1 else ""
+            forms += [form for piece in command_parts(inner) for form in unwrapped(piece, depth + 1)]
     return forms
 
 
@@ -2776,22 +2785,26 @@ def save_rules(cwd: Path, texts: tuple[str, ...]) -> Path:
     by .git/info/exclude); OSError or ValueError when the file cannot be read or written."""
     root = project_root(cwd)
     path = root / ".claude" / "settings.local.json"
+    if path.parent.is_symlink() or path.is_symlink():  # planted by a repository, it could lead anywhere
+        raise ValueError(f"{path} or its folder is a symbolic link")
     data = json.loads(read_small(path)) if path.exists() else {}
     if not isinstance(data, dict) or not isinstance(data.setdefault("permissions", {}), dict) \
             or not isinstance(data["permissions"].setdefault("allow", []), list):
         raise ValueError(f"{path} does not hold a permissions.allow list")
     data["permissions"]["allow"] += [t for t in texts if t not in data["permissions"]["allow"]]
     path.parent.mkdir(exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w", encoding="utf-8") as f:
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o600
+    tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8") as f:
         f.write(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
     exclude = root / ".git" / "info" / "exclude"
-    if (root / ".git").is_dir():
+    if (root / ".git").is_dir() and not (root / ".git" / "info").is_symlink():
         exclude.parent.mkdir(exist_ok=True)
-        lines = exclude.read_text().splitlines() if exclude.exists() else []
-        if ".claude/settings.local.json" not in lines:
-            with open(exclude, "a", encoding="utf-8") as f:
-                f.write(("\n" if lines and not exclude.read_text().endswith("\n") else "") + ".claude/settings.local.json\n")
+        text = read_small(exclude) if exclude.exists() else ""
+        if ".claude/settings.local.json" not in text.splitlines():
+            with open(os.open(exclude, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a") as f:
+                f.write(("\n" if text and not text.endswith("\n") else "") + ".claude/settings.local.json\n")
     return path
 
 
@@ -2912,7 +2925,11 @@ def run_hook_command(command: str, data: dict, *, cwd: Path, env: dict[str, str]
         with signals_held():
             proc = start(["/bin/sh", "-c", command], cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, start_new_session=True)
-        threading.Thread(target=feed, args=(proc.stdin, json.dumps(data).encode()), daemon=True).start()
+        payload = json.dumps(data).encode()
+        if len(payload) < select.PIPE_BUF * 8:  # fits an empty pipe: written at once, never blocking
+            feed(proc.stdin, payload)
+        else:  # a hook that does not read a large input must not stall solo
+            threading.Thread(target=feed, args=(proc.stdin, payload), daemon=True).start()
         sinks = {proc.stdout.fileno(): HeadTail(HOOK_OUTPUT), proc.stderr.fileno(): HeadTail(HOOK_OUTPUT)}
         pending, deadline, ended = set(sinks), time.monotonic() + timeout, None
         while pending and (left := deadline - time.monotonic()) > 0:

@@ -66,6 +66,10 @@ BASH = [  # deny, ask, allow; command; what decides
     (["Bash(rm:*)"], [], ["Bash"], "sudo rm -rf x", "deny"),
     (["Bash(rm:*)"], [], ["Bash"], "if true; then rm -rf x; fi", "deny"),
     (["Bash(rm:*)"], [], ["Bash"], "cat <(rm -rf x)", "deny"),
+    (["Bash(rm:*)"], [], ["Bash"], "'rm' -rf x", "deny"),
+    (["Bash(rm:*)"], [], ["Bash"], "/usr/bin/env rm -rf x", "deny"),
+    (["Bash(rm:*)"], [], ["Bash"], "bash -c 'echo hi; rm -rf x'", "deny"),
+    (["Bash(rm:*)"], [], ["Bash"], "eval \"rm -rf x\"", "deny"),
     (["Bash(rm:*)"], [], ["Bash"], "rmdir x", "allow"),
     ([], ["Bash(git push:*)"], ["Bash(git:*)"], "git push origin main", "ask"),  # ask before allow
     ([], ["Bash(git push:*)"], ["Bash(git:*)"], "git add . && git push", "ask"),
@@ -476,3 +480,13 @@ def test_the_session_question_shows_the_rule_and_s_saves_it(serve, terminal, wor
     term.expect(PROMPT)
     term.send("/exit\r")
     assert term.wait() == 0
+
+
+def test_saving_a_rule_refuses_a_planted_link(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".claude").mkdir()
+    target = write(tmp_path / "elsewhere.json", {})
+    (tmp_path / ".claude" / "settings.local.json").symlink_to(target)
+    with pytest.raises(ValueError, match="symbolic link"):
+        agent.save_rules(tmp_path, ("Bash(ls:*)",))
+    assert json.loads(target.read_text()) == {}
