@@ -2491,15 +2491,15 @@ def setting(layers: list[Layer], key: str, default: Any = None) -> Any:
 
 
 def apply_settings(cfg: Config, trusted: bool) -> Config:
-    """The Config with what the settings files say: model and defaultMode unless a flag or the environment chose,
-    additionalDirectories (folders a workspace-write sandbox may write in), cleanupPeriodDays."""
+    """The Config with what the settings files say: model, defaultMode and cleanupPeriodDays unless a flag or the
+    environment chose, additionalDirectories (folders a workspace-write sandbox may write in)."""
     layers = in_force(cfg.settings, trusted)
     if not layers:
         return cfg
     model = cfg.model if "model" in cfg.given else setting(layers, "model", cfg.model) or cfg.model
     mode = setting(layers, "permissions.defaultMode", cfg.permission_mode)
     mode = cfg.permission_mode if "permission_mode" in cfg.given or mode not in PERMISSION_MODES else mode
-    days = setting(layers, "cleanupPeriodDays", cfg.session_days)
+    days = cfg.session_days if "session_days" in cfg.given else setting(layers, "cleanupPeriodDays", cfg.session_days)
     extra = [Path(os.path.abspath(os.path.expanduser(d))) for layer in layers
              for d in layer.data.get("permissions", {}).get("additionalDirectories", [])]
     extra = [d for d in extra if d.is_dir()] if cfg.sandbox == "workspace-write" else []
@@ -4555,6 +4555,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     project = [] if args.strict_mcp_config or not (cwd / ".mcp.json").is_file() else [str(cwd / ".mcp.json")]
     given = {"model"} if args.model or env.get("OPENROUTER_MODEL", "").strip() else set()
     given |= {"permission_mode"} if args.yes or args.permission_mode else set()
+    given |= {"session_days"} if env.get("SOLO_SESSION_DAYS", "").strip() else set()
     return apply_settings(Config(
         api_key=api_key, cwd=cwd, base_url=api_base_url(env), max_turns=args.max_turns, max_cost=args.max_cost,
         model=args.model or env.get("OPENROUTER_MODEL", "").strip() or DEFAULT_MODEL, verbose=args.verbose,
