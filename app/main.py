@@ -4397,7 +4397,7 @@ class Agent:
         if self.hooks:
             self.hooks.fire("Notification", {"message": f"solo needs your permission to use {tool}",
                                              "notification_type": "permission_prompt"}, "permission_prompt")
-        proposals = proposed_rules(self.rules, tool, args)
+        proposals = () if kind == "ask" else proposed_rules(self.rules, tool, args)  # an ask rule asks every time
         answer = self.ask_user(tool, args, proposals)
         if answer in ("a", "s"):
             self.rules["allow"] += [r for r in (parse_rule(t, "this session", cfg.cwd) for t in proposals)
@@ -4984,6 +4984,9 @@ class Session:
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
         self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to change {what}"
                           if tool in EDITORS else f"{tool} wants to run with {what}")
+        if not proposals:  # an ask rule: nothing to remember
+            return self.choose(f"Allow {tool}? [y/n] ", "Please answer y (yes) or n (no): ", ("y", "yes", "n", "no")) \
+                or "n"
         saves = tool == "Bash" or tool.startswith("mcp__")
         rules = visible(", ".join(proposals))
         self.reporter.say(f"a: allow {rules} for this session" + ("; s: and save it in .claude/settings.local.json"
