@@ -2444,7 +2444,7 @@ def parsed_layer(scope: str, where: str, text: str, base: Path) -> Layer:
     """One settings file's text as a Layer; invalid JSON is a warning and an empty layer."""
     try:
         data = json.loads(text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # nested past Python's limit: not settings anyone wrote
         return Layer(scope, where, {}, base, (f"{where} is not valid JSON ({error}); it was ignored",))
     if not isinstance(data, dict):
         return Layer(scope, where, {}, base, (f"{where} is not a JSON object; it was ignored",))
@@ -2538,6 +2538,7 @@ EDITORS = ("Edit", "Write", "MultiEdit", "NotebookEdit")  # governed by Edit rul
 READERS = ("Read", "Glob", "Grep", "NotebookRead", "LS")  # governed by Read rules
 RULE_PATTERN = re.compile(r"([A-Za-z][\w-]*(?:__\*)?)(?:\((.*)\))?", re.DOTALL)
 SEPARATORS = ("&&", "||", ";;", "|&", ";", "|", "&", "\n")
+PLAIN_RUN = re.compile(r"[^\\'\"$<>`&|;\n]*")  # characters that neither quote, substitute nor separate
 WRAPPERS = {"sudo", "command", "builtin", "exec", "nohup", "time", "nice", "env", "then", "do", "else", "if",
             "elif", "while", "until", "!", "{", "(", "xargs", "timeout"}  # what may stand before a denied command
 SUBCOMMANDS = {"git", "npm", "pnpm", "yarn", "bun", "cargo", "go", "docker", "kubectl", "pip", "pip3", "uv", "poetry",
@@ -2608,11 +2609,17 @@ def closing(command: str, i: int, opener: str) -> int:
     return len(command)
 
 
-def command_parts(command: str) -> list[str]:
+def command_parts(command: str, depth: int = 0) -> list[str]:
     """The simple commands a shell command line runs: split at &&, ||, ;, |, &, newlines outside quotes, and the
-    commands of each $(...), `...`, <(...) and >(...) as parts of their own."""
+    commands of each $(...), `...`, <(...) and >(...) as parts of their own; ValueError past 20 levels of them."""
+    if depth > 20:
+        raise ValueError("commands nested too deep to check")
     parts, inner, current, quote, i = [], [], [], "", 0
     while i < len(command):
+        if (plain := PLAIN_RUN.match(command, i).end()) > i:  # nothing special: copied at once
+            current.append(command[i:plain])
+            i = plain
+            continue
         ch = command[i]
         if quote == "'":
             quote = "" if ch == "'" else quote
@@ -2637,7 +2644,7 @@ def command_parts(command: str) -> list[str]:
         i += 1
     parts.append("".join(current))
     found = [" ".join(p.strip().strip("(){} ").split()) for p in parts]
-    return [p for p in found if p] + [q for text in inner for q in command_parts(text)]
+    return [p for p in found if p] + [q for text in inner for q in command_parts(text, depth + 1)]
 
 
 def unwrapped(part: str, depth: int = 0) -> list[str]:
@@ -2667,10 +2674,23 @@ def bash_matches(spec: str, part: str) -> bool:
         prefix = spec[:-2].rstrip()
         return part == prefix or part.startswith(prefix + " ")
     if "*" in spec:
-        if spec.endswith(" *") and spec.count("*") == 1 and part == spec[:-2]:
-            return True
-        return re.fullmatch(".*".join(map(re.escape, spec.split("*"))), part, re.DOTALL) is not None
+        return (spec.endswith(" *") and spec.count("*") == 1 and part == spec[:-2]) or wildcard(spec, part)
     return part == spec
+
+
+def wildcard(pattern: str, text: str) -> bool:
+    """Whether text matches a pattern whose `*` is any run of characters: the pieces between the stars found in
+    order, leftmost first; linear however many stars a hostile rule holds (a regex of many `.*` is not)."""
+    pieces = pattern.split("*")
+    first, last = pieces[0], pieces[-1]
+    if len(text) < len(first) + len(last) or not text.startswith(first) or not text.endswith(last):
+        return False
+    at, end = len(first), len(text) - len(last)
+    for piece in pieces[1:-1]:
+        if (found := text.find(piece, at, end)) < 0:
+            return False
+        at = found + len(piece)
+    return True
 
 
 def path_matches(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
@@ -2708,8 +2728,8 @@ def call_paths(tool: str, args: dict, cwd: Path) -> list[str]:
 
 
 def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None, loose: bool) -> bool:
-    """Whether a rule covers a call; `loose` (deny and ask): any part of a Bash command or any form of its path
-    matching is enough; otherwise (allow) the path its links lead to must match."""
+    """Whether a rule covers a call other than Bash's; `loose` (deny and ask): any form of its path matching is
+    enough; otherwise (allow) the path its links lead to must match."""
     if rule.tool.startswith("mcp__"):
         return tool == rule.tool or (tool.startswith(rule.tool + "__") and rule.tool.count("__") == 1) or \
             (rule.tool.endswith("__*") and tool.startswith(rule.tool[:-1]))
@@ -2717,9 +2737,6 @@ def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None
         return False
     if rule.spec is None:
         return True
-    if rule.tool == "Bash":  # allow rules: bash_allowed
-        parts = command_parts(str(args.get("command", "")))
-        return any(bash_matches(rule.spec, form) for part in parts for form in unwrapped(part))
     if rule.tool in ("Read", "Edit"):
         paths = call_paths(tool, args, cwd)
         if loose:
@@ -2730,9 +2747,9 @@ def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None
     return rule.spec == str(args.get("name") or args.get("command") or "")
 
 
-def bash_allowed(rules: list[Rule], command: str) -> Rule | None:
+def bash_allowed(rules: list[Rule], parts: list[str]) -> Rule | None:
     """The allow rule that lets a Bash command run when every part of it is allowed by some rule."""
-    parts, first = command_parts(command), None
+    first = None
     for part in parts:
         rule = next((r for r in rules if r.tool == "Bash" and (r.spec is None or bash_matches(r.spec, part))), None)
         if rule is None:
@@ -2742,14 +2759,31 @@ def bash_allowed(rules: list[Rule], command: str) -> Rule | None:
 
 
 def decide(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path, home: Path | None) -> tuple[str, Rule | None]:
-    """What the rules say about a call: ("deny" | "ask" | "allow", the rule), or ("", None) when none matches."""
+    """What the rules say about a call: ("deny" | "ask" | "allow", the rule), or ("", None) when none matches; a
+    command too deeply nested to check is denied where any Bash rule would look at it."""
+    try:
+        return decided(rules, tool, args, cwd, home)
+    except ValueError as error:
+        if not any(r.tool == "Bash" for kind in rules.values() for r in kind):
+            return "", None
+        return "deny", Rule(f"its shape ({error})", "Bash", None, "solo", cwd)
+
+
+def decided(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path, home: Path | None) -> tuple[str, Rule | None]:
+    """decide's work: deny, then ask, then allow."""
+    if tool == "Bash":
+        parts = command_parts(str(args.get("command", "")))
+        forms = [form for part in parts for form in unwrapped(part)]
+        for kind in ("deny", "ask"):
+            if rule := next((r for r in rules.get(kind, []) if r.tool == "Bash" and (
+                    r.spec is None or any(bash_matches(r.spec, form) for form in forms))), None):
+                return kind, rule
+        rule = bash_allowed(rules.get("allow", []), parts)
+        return ("allow", rule) if rule else ("", None)
     for kind in ("deny", "ask"):
         if rule := next((r for r in rules.get(kind, []) if rule_matches(r, tool, args, cwd, home, True)), None):
             return kind, rule
-    allow = rules.get("allow", [])
-    if tool == "Bash" and (rule := bash_allowed(allow, str(args.get("command", "")))):
-        return "allow", rule
-    if rule := next((r for r in allow if r.tool != "Bash" and rule_matches(r, tool, args, cwd, home, False)), None):
+    if rule := next((r for r in rules.get("allow", []) if rule_matches(r, tool, args, cwd, home, False)), None):
         return "allow", rule
     return "", None
 
@@ -2773,7 +2807,7 @@ def proposed_rules(rules: dict[str, list[Rule]], tool: str, args: dict) -> tuple
     if tool == "Bash":
         proposed = []
         for part in command_parts(str(args.get("command", ""))):
-            if not bash_allowed(rules.get("allow", []), part):
+            if not bash_allowed(rules.get("allow", []), [part]):
                 prefix = bash_prefix(part)
                 proposed.append(f"Bash({prefix}:*)" if prefix else f"Bash({part})")
         return tuple(dict.fromkeys(proposed))
@@ -3174,9 +3208,10 @@ def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: 
         notice(f"left out CLAUDE.md's imports from outside the repository ({', '.join(map(str, imports))}): "
                f"{refusal(answers['imports'])}; to approve them, start a session here and answer y")
     if settings and not answers.get("settings") and "settings" not in just_asked:
-        notice(f"ignored what {', '.join(settings)} allow{'s' * (len(settings) == 1)} and run{'s' * (len(settings) == 1)}"
-               f" ({', '.join(dict.fromkeys(k for w in settings.values() for k in w))}; its deny and ask rules hold): "
-               f"{refusal(answers['settings'])}; to approve, start a session here and answer y")
+        keys = ", ".join(dict.fromkeys(key for wanted in settings.values() for key in wanted))
+        notice(f"ignored what this project's settings allow or run ({keys} in {', '.join(settings)}): "
+               f"{refusal(answers['settings'])}; their deny and ask rules still hold. To approve, start a session "
+               "here and answer y")
     servers = tuple((n, s) for n, s in cfg.project_mcp if n not in disabled and n not in skipped)
     return Trust(servers, frozenset(imports) if answers.get("imports") else frozenset(), tuple(skipped),
                  not settings or bool(answers.get("settings")))

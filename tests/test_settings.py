@@ -135,6 +135,15 @@ def test_mcp_and_other_rules(text, tool, matches):
     assert (agent.decide(rules_of(("deny", [text])), tool, {"name": "deploy"}, Path("/p"), None)[0] == "deny") == matches
 
 
+def test_hostile_rules_and_commands_cost_little_and_deep_nesting_is_denied():
+    rules = rules_of(("deny", ["Bash(" + "x*" * 30 + "y)"]))
+    started = time.monotonic()
+    assert agent.decide(rules, "Bash", {"command": "x " * 50_000}, Path("/p"), None)[0] == ""
+    assert time.monotonic() - started < 0.5
+    kind, rule = agent.decide(rules, "Bash", {"command": "$(" * 5000}, Path("/p"), None)
+    assert kind == "deny" and "nested too deep" in rule.text
+
+
 def test_malformed_rules_are_one_warning_each():
     layer = agent.Layer("project", "/p/.claude/settings.json", {"permissions": {"deny": [
         "Bash(", "Frobnicate(x)", "Bash()", "Bash(rm:*)", "WebFetch(domain:example.com)"]}}, Path("/p"))
