@@ -2536,9 +2536,9 @@ RULE_TOOLS = ("Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Bash", "Glo
               "WebSearch", "Task", "Agent", "TodoWrite", "NotebookRead", "LS")  # names Claude Code's rules use
 EDITORS = ("Edit", "Write", "MultiEdit", "NotebookEdit")  # governed by Edit rules
 READERS = ("Read", "Glob", "Grep", "NotebookRead", "LS")  # governed by Read rules
-RULE_PATTERN = re.compile(r"([A-Za-z][\w-]*(?:__\*)?)(?:\((.*)\))?", re.DOTALL)
+RULE_PATTERN = r"([A-Za-z][\w-]*(?:__\*)?)(?:\((.*)\))?"  # compiled on first use (re keeps it): start-up pays nothing
 SEPARATORS = ("&&", "||", ";;", "|&", ";", "|", "&", "\n")
-PLAIN_RUN = re.compile(r"[^\\'\"$<>`&|;\n]*")  # characters that neither quote, substitute nor separate
+PLAIN_RUN = r"[^\\'\"$<>`&|;\n]*"  # characters that neither quote, substitute nor separate
 WRAPPERS = {"sudo", "command", "builtin", "exec", "nohup", "time", "nice", "env", "then", "do", "else", "if",
             "elif", "while", "until", "!", "{", "(", "xargs", "timeout"}  # what may stand before a denied command
 SUBCOMMANDS = {"git", "npm", "pnpm", "yarn", "bun", "cargo", "go", "docker", "kubectl", "pip", "pip3", "uv", "poetry",
@@ -2560,7 +2560,7 @@ class Rule(NamedTuple):
 
 def parse_rule(text: str, origin: str, base: Path) -> Rule | str:
     """A rule, or a warning saying why it is not one."""
-    found = RULE_PATTERN.fullmatch(text.strip())
+    found = re.fullmatch(RULE_PATTERN, text.strip(), re.DOTALL)
     if not found:
         return f"{origin}: {text!r} is not a rule (Tool or Tool(specifier)); it was ignored"
     tool, spec = found.group(1), found.group(2)
@@ -2616,7 +2616,7 @@ def command_parts(command: str, depth: int = 0) -> list[str]:
         raise ValueError("commands nested too deep to check")
     parts, inner, current, quote, i = [], [], [], "", 0
     while i < len(command):
-        if (plain := PLAIN_RUN.match(command, i).end()) > i:  # nothing special: copied at once
+        if (plain := re.compile(PLAIN_RUN).match(command, i).end()) > i:  # nothing special: copied at once
             current.append(command[i:plain])
             i = plain
             continue
