@@ -220,7 +220,7 @@ def make_agent(workspace: Path, *flags: str, ask=None, model=None, events=None, 
     events = [] if events is None else events
     made = agent.Agent(cfg, env, events.append, ask_user=ask, ask_trust=ask_trust)
     if model:
-        made.model = Scripted(model)
+        made.model = made.compactor.model = Scripted(model)
     return made
 
 
@@ -499,3 +499,19 @@ def test_saving_a_rule_refuses_a_planted_link(tmp_path):
     with pytest.raises(ValueError, match="symbolic link"):
         agent.save_rules(tmp_path, ("Bash(ls:*)",))
     assert json.loads(target.read_text()) == {}
+
+
+def test_session_start_pre_compact_and_session_end_hooks_see_their_fields(workspace):
+    log = workspace.parent / "events.jsonl"
+    command = {"type": "command", "command": f"cat >> {log}; echo >> {log}"}
+    hooks = {event: [{"hooks": [command]}] for event in ("SessionStart", "PreCompact", "SessionEnd")}
+    write(workspace.parent / "home" / ".claude" / "settings.json", {"hooks": hooks})
+    made = make_agent(workspace, model=lambda body: reply("a summary"))
+    messages = made.conversation()
+    made.ask(messages, "go")
+    assert made.compactor.compact(made.cfg, messages, 100, "manual", "the tests")
+    made.close()
+    seen = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["hook_event_name"], e.get("source") or e.get("trigger") or e.get("reason")) for e in seen] == [
+        ("SessionStart", "startup"), ("PreCompact", "manual"), ("SessionStart", "compact"), ("SessionEnd", "other")]
+    assert seen[1]["custom_instructions"] == "the tests"
