@@ -2733,7 +2733,8 @@ def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None
     if rule.tool.startswith("mcp__"):
         return tool == rule.tool or (tool.startswith(rule.tool + "__") and rule.tool.count("__") == 1) or \
             (rule.tool.endswith("__*") and tool.startswith(rule.tool[:-1]))
-    if not (rule.tool == tool or (rule.tool == "Edit" and tool in EDITORS) or (rule.tool == "Read" and tool in READERS)):
+    if not (rule.tool == tool or (rule.tool, tool in EDITORS) == ("Edit", True)
+            or (rule.tool, tool in READERS) == ("Read", True)):
         return False
     if rule.spec is None:
         return True
@@ -2758,7 +2759,8 @@ def bash_allowed(rules: list[Rule], parts: list[str]) -> Rule | None:
     return first
 
 
-def decide(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path, home: Path | None) -> tuple[str, Rule | None]:
+def decide(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path,
+           home: Path | None) -> tuple[str, Rule | None]:
     """What the rules say about a call: ("deny" | "ask" | "allow", the rule), or ("", None) when none matches; a
     command too deeply nested to check is denied where any Bash rule would look at it."""
     try:
@@ -2769,7 +2771,8 @@ def decide(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path, home:
         return "deny", Rule(f"its shape ({error})", "Bash", None, "solo", cwd)
 
 
-def decided(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path, home: Path | None) -> tuple[str, Rule | None]:
+def decided(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path,
+            home: Path | None) -> tuple[str, Rule | None]:
     """decide's work: deny, then ask, then allow."""
     if tool == "Bash":
         parts = command_parts(str(args.get("command", "")))
@@ -4141,7 +4144,7 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
     """Answer every tool call of an assistant message with one tool message each, in order; consecutive
     read-only calls run at the same time. Hooks and the permission check run here, in solo's own flow, around each
     batch; a hook that stops the run stops it once every call has its answer."""
-    ctx, stop = ctx._replace(reads=getattr(messages, "reads", None)), None  # Read short-cuts hold within one conversation
+    ctx, stop = ctx._replace(reads=getattr(messages, "reads", None)), None  # Read short-cuts: within one conversation
     for together, group in itertools.groupby(message["tool_calls"], key=lambda c: not cut and read_only(c, tools, ctx)):
         group = list(group)
         for start in range(0, len(group), BATCH if together else 1):
@@ -4152,7 +4155,8 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
             contents = [f"Error: not run: {stop}" if stop is not None else None for _ in batch]
             for i, call in enumerate(batch):
                 try:
-                    batch[i], contents[i] = admit(call, tools, ctx, hooks) if contents[i] is None else (call, contents[i])
+                    if contents[i] is None:
+                        batch[i], contents[i] = admit(call, tools, ctx, hooks)
                 except HookStop as error:
                     stop, contents[i] = str(error), f"Error: not run: {error}"
             runnable = [i for i, content in enumerate(contents) if content is None]
@@ -4297,8 +4301,8 @@ class Agent:
         sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
-        self.hooks = Hooks(hooks, cwd=cfg.cwd, env=given, emit=emit, common=self.hook_fields,  # the user's code:
-                           start=hook_starter(Spawner() if sandbox else self.spawner) if hooks else subprocess.Popen)  # unconfined
+        start = hook_starter(Spawner() if sandbox else self.spawner) if hooks else subprocess.Popen  # unconfined: hooks
+        self.hooks = Hooks(hooks, cwd=cfg.cwd, env=given, emit=emit, common=self.hook_fields, start=start)  # are yours
         self.compactor.hook = self.compacting if hooks else None
         tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
@@ -4436,8 +4440,9 @@ class Agent:
         if cfg.permission_mode == "plan" and changes:
             return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
         if kind != "ask" and hint != "ask":
-            mode = cfg.permission_mode == "bypassPermissions" or (cfg.permission_mode == "acceptEdits" and tool in EDITORS)
-            if kind == "allow" or hint == "allow" or not changes or mode or not self.ask_user:
+            mode = cfg.permission_mode
+            free = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in EDITORS)
+            if kind == "allow" or hint == "allow" or not changes or free or not self.ask_user:
                 return ""  # with -p, a call no rule asks about runs, as it always has
         if not self.ask_user:
             return f"by {rule.text} ({rule.origin}): the rule asks first, and with -p nobody can answer" if rule else \
@@ -4452,7 +4457,9 @@ class Agent:
                                     if isinstance(r, Rule)]
         if answer == "s":
             self.save(proposals)
-        return "" if answer in ("y", "a", "s") else f"the user declined to let {tool} run; ask them or try something else"
+        if answer in ("y", "a", "s"):
+            return ""
+        return f"the user declined to let {tool} run; ask them or try something else"
 
     def save(self, texts: tuple[str, ...]) -> None:
         """Save allow rules in the project's .claude/settings.local.json; when the project's settings were trusted,
@@ -5089,8 +5096,8 @@ class Session:
                 self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/trust":
             forget(agent.cfg.solo_home, agent.cfg.cwd)
-            self.reporter.say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and settings: "
-                              "the next session here asks again")
+            self.reporter.say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and "
+                              "settings: the next session here asks again")
         elif word == "/sessions":
             sessions = Sessions(agent.cfg)
             for path in itertools.islice(sessions.recent(), 10):

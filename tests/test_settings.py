@@ -132,7 +132,8 @@ def test_a_link_does_not_slip_past_a_deny_rule_nor_into_an_allow_rule(tmp_path):
     ("mcp__git", "mcp__github__list", False), ("Skill(deploy)", "Skill", True),
 ])
 def test_mcp_and_other_rules(text, tool, matches):
-    assert (agent.decide(rules_of(("deny", [text])), tool, {"name": "deploy"}, Path("/p"), None)[0] == "deny") == matches
+    kind, _ = agent.decide(rules_of(("deny", [text])), tool, {"name": "deploy"}, Path("/p"), None)
+    assert (kind == "deny") == matches
 
 
 def test_hostile_rules_and_commands_cost_little_and_deep_nesting_is_denied():
@@ -421,15 +422,19 @@ def test_a_missing_hook_command_warns_once_and_identical_hooks_run_once(workspac
     assert count.read_text() == "x\nx\n"  # one run per call
 
 
+PRINT_ID = 'import json, sys; print(json.load(sys.stdin)["tool_use_id"])'
+
+
 def test_hooks_hold_in_parallel_batches_and_in_forked_skills(workspace):
     log = workspace.parent / "log"
     (workspace / "a.txt").write_text("a\n")
     skill = workspace / ".claude" / "skills" / "sub"
     write(skill / "SKILL.md", "---\nname: sub\ndescription: d\ncontext: fork\n---\nread a.txt\n")
     hooks = {"PreToolUse": [{"matcher": "Read|Glob", "hooks": [
-        {"type": "command", "command": f"python3 -c 'import json,sys; print(json.load(sys.stdin)[\"tool_use_id\"])' >> {log}"}]}],
+        {"type": "command", "command": f"python3 -c '{PRINT_ID}' >> {log}"}]}],
         "SubagentStop": [{"hooks": [{"type": "command", "command": f"echo subagent-stop >> {log}"}]}]}
-    reads = [call("Read", {"file_path": "a.txt"}, id=f"r{i}") for i in range(3)] + [call("Glob", {"pattern": "*"}, id="g")]
+    reads = [call("Read", {"file_path": "a.txt"}, id=f"r{i}") for i in range(3)]
+    reads.append(call("Glob", {"pattern": "*"}, id="g"))
     hooked(workspace, hooks, reads)
     assert sorted(log.read_text().split()) == ["g", "r0", "r1", "r2"]
     log.unlink()
