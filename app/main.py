@@ -4470,11 +4470,9 @@ class Agent:
             self.notice(f"the rule was not saved: {error}")
             return
         self.notice(f"saved {', '.join(texts)} in {path}")
-        if self.trust.settings:
-            sources = tuple({layer.scope for layer in self.cfg.settings} & {"user", "project"} | {"local"})
-            flag = next((layer.path for layer in self.cfg.settings if layer.scope == "flag"), None)
-            layers = read_settings(sources, self.cfg.home, self.cfg.cwd, None if flag == "--settings" else flag)
-            if subject := settings_subject(layers):
+        if self.trust.settings:  # only the project's files make the subject, and only those this run read
+            sources = tuple({layer.scope for layer in self.cfg.settings if from_project(layer)} | {"local"})
+            if subject := settings_subject(read_settings(sources, None, self.cfg.cwd)):
                 approve(self.cfg.solo_home, self.cfg.cwd, "settings", subject, True)
 
 

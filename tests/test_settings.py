@@ -520,3 +520,18 @@ def test_session_start_pre_compact_and_session_end_hooks_see_their_fields(worksp
     assert [(e["hook_event_name"], e.get("source") or e.get("trigger") or e.get("reason")) for e in seen] == [
         ("SessionStart", "startup"), ("PreCompact", "manual"), ("SessionStart", "compact"), ("SessionEnd", "other")]
     assert seen[1]["custom_instructions"] == "the tests"
+
+
+def test_a_rule_saved_in_a_trusted_project_keeps_its_trust(workspace):
+    (workspace / ".git").mkdir()
+    write(workspace / ".claude" / "settings.json", {"permissions": {"allow": ["Bash(ls:*)"]}})
+    made = make_agent(workspace, ask=lambda tool, args, proposals: "s", ask_trust=lambda question: True,
+                      model=scripted([call("Bash", {"command": "echo one"})]))
+    ask(made)
+    assert json.loads((workspace / ".claude" / "settings.local.json").read_text())["permissions"]["allow"] == \
+        ["Bash(echo:*)"]
+    events = []
+    made = make_agent(workspace, events=events, ask=lambda *a: pytest.fail("asked again"),
+                      model=scripted([call("Bash", {"command": "echo two"})]))
+    assert ask(made).answer == "two\n[exit code 0]"
+    assert not [e for e in events if e["type"] == "notice"]  # still trusted: no line about ignored settings
