@@ -2443,7 +2443,7 @@ def read_settings(sources: tuple[str, ...], home: Path | None, cwd: Path, flag: 
 def parsed_layer(scope: str, where: str, text: str, base: Path) -> Layer:
     """One settings file's text as a Layer; invalid JSON is a warning and an empty layer."""
     try:
-        data = json.loads(text)
+        data = json.loads(text.removeprefix("\ufeff"))  # an editor's byte-order mark is no error
     except (ValueError, RecursionError) as error:  # nested past Python's limit: not settings anyone wrote
         return Layer(scope, where, {}, base, (f"{where} is not valid JSON ({error}); it was ignored",))
     if not isinstance(data, dict):
