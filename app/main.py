@@ -1936,16 +1936,22 @@ class Pieces(list):
     """The pieces of a streamed text, joined once at the end (joining as they come takes quadratic time)."""
 
 
+class Items(dict):
+    """A streamed list's items by (index, type): pieces of one item share both; settled in index order."""
+
+
 def merge_delta(into: dict, delta: dict) -> None:
-    """Add a streamed delta to what came before: text adds up, lists merge by their items' `index`, other
-    values are set (a null never replaces a value)."""
+    """Add a streamed delta to what came before: text adds up, list items merge with the earlier pieces of the
+    same item (same `index`; for reasoning details, also the same `type`), other values are set (a null never
+    replaces a value)."""
     for key, value in delta.items():
         if isinstance(value, list) and key in ("tool_calls", "reasoning_details"):
-            parts = into.setdefault(key, {})
+            items = into.setdefault(key, Items())
             for item in value:
                 if isinstance(item, dict):
-                    index = item.get("index", len(parts))
-                    merge_delta(parts.setdefault(index if isinstance(index, int) else len(parts), {}), item)
+                    index = item.get("index") if isinstance(item.get("index"), int) else len(items)
+                    kind = item.get("type") if key == "reasoning_details" else None
+                    merge_delta(items.setdefault((index, kind), {}), item)
         elif isinstance(value, dict) and isinstance(into.get(key, {}), dict):
             merge_delta(into.setdefault(key, {}), value)
         elif isinstance(value, str) and key in STREAMED_TEXT and isinstance(into.get(key), (str, Pieces)):
@@ -1959,8 +1965,8 @@ def settled(value: Any) -> Any:
     """A merged delta as a message field: pieces joined, merged lists back in their index order."""
     if isinstance(value, Pieces):
         return "".join(value)
-    if isinstance(value, dict) and value and all(isinstance(k, int) for k in value):
-        return [settled(value[k]) for k in sorted(value)]
+    if isinstance(value, Items):
+        return [settled(value[k]) for k in sorted(value, key=lambda k: k[0])]  # stable: arrival order within an index
     return {k: settled(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
@@ -1988,16 +1994,18 @@ class StreamedReply:
             if line.startswith(b"data:"):
                 self.data.append(line[5:].removeprefix(b" "))
             elif not line and self.data:  # a blank line ends an event; ':' comments are keep-alives
-                data, self.data = b"\n".join(self.data), []
+                data, self.data = b"\n".join(self.data).decode("utf-8", errors="replace"), []
+                if not data.strip():
+                    continue
                 try:
                     self.event(data)
                 except (TypeError, AttributeError, KeyError, ValueError, RecursionError, OverflowError):
-                    excerpt = one_line(data.decode(errors="replace"), 100)
+                    excerpt = one_line(data, 100)
                     raise ApiError(f"the API sent a malformed stream event: {excerpt}", retryable=True) from None
 
-    def event(self, data: bytes) -> None:
+    def event(self, data: str) -> None:
         """Take one event: a chunk of the reply, an error, or the end."""
-        if data.strip() == b"[DONE]":
+        if data.strip() == "[DONE]":
             self.done = True
             return
         chunk = json.loads(data)
