@@ -1909,9 +1909,10 @@ def judge(status: int, headers: Any, text: str) -> dict:
     wait = retry_after(headers.get("Retry-After"))
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError) as error:
         excerpt = one_line(text, 120) or "(empty)"
-        raise ApiError(f"HTTP {status}: the API sent a non-JSON reply: {excerpt}", status=status,
+        what = "reply nested too deeply" if isinstance(error, RecursionError) else f"non-JSON reply: {excerpt}"
+        raise ApiError(f"HTTP {status}: the API sent a {what}", status=status,
                        retryable=status == 200 or status in RETRY_STATUSES or status >= 500, retry_after=wait) from None
     error = body.get("error") if isinstance(body, dict) else None
     if status != 200 or error:

@@ -48,6 +48,8 @@ CASES = {
                              "error": {"code": 502, "message": "provider crashed"}}]}, {}), (200, OK, {})], None, 1),
     "non-JSON 502 page": ([(502, "<html><body>Bad gateway</body></html>", {}), (200, OK, {})], None, 1),
     "non-JSON 200": ([(200, "not json", {}), (200, OK, {})], None, 1),
+    "a reply nested 990 deep": ([(200, '{"choices": [{"message": {"role": "assistant", "content": "x", "deep": '
+                                  + "[" * 990 + "]" * 990 + "}}]}", {}), (200, OK, {})], None, 1),
     "500 every time": ([(500, error(500, "down"), {})] * 6, "HTTP 500: down", 5),
     "400 is final": ([(400, error(400, "bad request body"), {})], "HTTP 400: bad request body", 0),
     "401 hints at the key": ([(401, error(401, "No auth credentials found"), {})],
