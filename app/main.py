@@ -1446,10 +1446,35 @@ def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> li
 
 
 MCP_PROTOCOL = "2025-06-18"
+MCP_ANSWER_SECONDS = 10.0  # our answer to a server's own request (ping, roots/list) is written within this
 
 
 class McpError(Exception):
     """An MCP server failed, refused a request, or did not answer in time."""
+
+
+def in_time(chunks: Iterable[bytes], deadline: float, who: str) -> Iterator[bytes]:
+    """The chunks of a response until the deadline; McpError after it (keep-alives alone may come for ever)."""
+    for chunk in chunks:
+        if time.monotonic() > deadline:
+            raise McpError(f"{who} did not finish its answer in time")
+        yield chunk
+
+
+def sse_data(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The data of each server-sent event in a byte stream split anywhere, as it comes."""
+    rest, data = b"", []
+    for chunk in chunks:
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            line = line.removesuffix(b"\r")
+            if line.startswith(b"data:"):
+                data.append(line[5:].removeprefix(b" "))
+            elif not line and data:  # a blank line ends an event; ':' lines are comments (keep-alives)
+                yield b"\n".join(data).decode("utf-8", errors="replace")
+                data = []
+    if data:
+        yield b"\n".join(data).decode("utf-8", errors="replace")
 
 
 def expand_vars(value: Any, env: dict[str, str]) -> Any:
@@ -1485,14 +1510,14 @@ def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dic
 
 class McpServer:
     """One MCP server, over stdio (a child in its own process group) or streamable HTTP: the handshake, its
-    tools, calls with a time limit, and the requests it sends back (ping, roots/list)."""
+    tools, calls with a time limit, and the requests it sends back (ping, roots/list). Every wait, a write to a
+    server that stops reading and an answer that never ends included, keeps to its deadline."""
 
     def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
                  sandbox: Sandbox | None = None):
         self.name, self.spec, self.cwd, self.env, self.emit, self.sandbox = name, spec, cwd, env, emit, sandbox
         self.state, self.error, self.tools, self.proc, self.closed = "starting", "", [], None, False
         self.lock, self.writing, self.pending, self.ids = threading.Lock(), threading.Lock(), {}, itertools.count(1)
-        self.timeout = 10.0
         self.headers = {"Accept": "application/json, text/event-stream", **(spec.get("headers") or {})}
 
     def start(self, timeout: float) -> None:
@@ -1511,7 +1536,7 @@ class McpServer:
             if not isinstance(hello.get("protocolVersion", ""), str):
                 raise McpError("its answer to initialize is not of the protocol")
             self.headers["MCP-Protocol-Version"] = str(hello.get("protocolVersion") or MCP_PROTOCOL)
-            self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            self.send({"jsonrpc": "2.0", "method": "notifications/initialized"}, deadline)
             cursor, tools = None, []
             while True:
                 page = self.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
@@ -1520,13 +1545,15 @@ class McpServer:
                 tools += [t for t in page.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
                 if not (cursor := page.get("nextCursor")):
                     break
-            self.tools, self.state = tools, "connected"
-        except (McpError, OSError, requests.RequestException, ValueError) as error:
-            self.state, self.error = "failed", one_line(str(error), 160)
+            with self.lock:  # not when start-up gave up on it meanwhile
+                if self.state == "starting":
+                    self.tools, self.state = tools, "connected"
+        except (McpError, OSError, requests.RequestException, ValueError, RecursionError) as error:
+            self.fail(one_line(str(error), 160))
             self.stop()
 
     def spawn(self) -> None:
-        """The server's process, its output read by a thread, its stderr kept off the terminal."""
+        """The server's process, its output read by a thread, its stderr kept off the terminal, its exit watched."""
         env = {**self.env, **{k: str(v) for k, v in (self.spec.get("env") or {}).items()}}
         command = [self.spec["command"], *map(str, self.spec.get("args") or [])]
         with self.lock:  # stop() waits for a start under way, so a server is never left behind
@@ -1535,23 +1562,33 @@ class McpServer:
             self.proc = (self.sandbox.popen if self.sandbox else subprocess.Popen)(
                 command, cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True)
-        threading.Thread(target=self.read, daemon=True).start()
-        threading.Thread(target=self.log, daemon=True).start()
+        os.set_blocking(self.proc.stdin.fileno(), False)  # writes wait in select(), which keeps a deadline
+        for watch in (self.read, self.log, self.watch):
+            threading.Thread(target=watch, daemon=True).start()
 
     def read(self) -> None:
         """Take the server's messages: answers to our requests, its own requests, notifications."""
         for line in self.proc.stdout:
-            with contextlib.suppress(ValueError, AttributeError, TypeError, OSError):
-                self.take(json.loads(line))
-        if self.state == "connected":
-            self.state, self.error = "failed", "the server exited"
-        for slot in list(self.pending.values()):
-            slot.set()
+            with contextlib.suppress(ValueError, AttributeError, TypeError, OSError, RecursionError, McpError):
+                self.take(json.loads(line))  # a line that is no message (noise, or nested too deeply) is skipped
+        self.fail("the server closed its output")
 
     def log(self) -> None:
         """The server's stderr, for the trace and --verbose only."""
         for line in self.proc.stderr:
             self.emit({"type": "mcp_log", "server": self.name, "text": line.decode(errors="replace").rstrip()})
+
+    def watch(self) -> None:
+        """Fail the server when its process exits, though a child of it may hold its output open."""
+        self.fail(f"the server exited (code {self.proc.wait()})")
+
+    def fail(self, why: str) -> None:
+        """The server can no longer be used: keep the first reason, and wake every request waiting on it."""
+        with self.lock:
+            if self.state != "failed":
+                self.state, self.error = "failed", why
+        for slot in list(self.pending.values()):
+            slot.set()
 
     def take(self, message: dict) -> None:
         """One message from the server."""
@@ -1563,49 +1600,79 @@ class McpServer:
             answers = {"ping": {}, "roots/list": {"roots": [{"uri": self.cwd.as_uri(), "name": self.cwd.name}]}}
             method = message["method"]
             self.send({"jsonrpc": "2.0", "id": message["id"], **({"result": answers[method]} if method in answers else
-                       {"error": {"code": -32601, "message": f"{method} is not supported"}})})
+                       {"error": {"code": -32601, "message": f"{method} is not supported"}})},
+                      time.monotonic() + MCP_ANSWER_SECONDS)
         else:
             self.emit({"type": "mcp_log", "server": self.name, "text": one_line(json.dumps(message), 300)})
 
-    def send(self, message: dict) -> Any:
-        """Write a message to the server (stdio), or post it (http) and take what comes back."""
+    def send(self, message: dict, deadline: float) -> None:
+        """Write a message to the server (stdio) or post it (http), by the deadline."""
         if not self.proc:
-            return self.post(message)
-        with self.writing:
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
+            return self.post(message, deadline)
+        if not self.writing.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise McpError(f"MCP server {self.name} did not take a message in time")
+        try:
+            fd, data = self.proc.stdin.fileno(), memoryview(json.dumps(message).encode() + b"\n")
+            while data:
+                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                    self.fail("it stopped reading its input")  # half a message is in the pipe: it cannot go on
+                    raise McpError(f"MCP server {self.name} stopped reading its input")
+                with contextlib.suppress(BlockingIOError):
+                    data = data[os.write(fd, data):]
+        finally:
+            self.writing.release()
 
-    def post(self, message: dict) -> None:
-        """One message over streamable HTTP: the answer is JSON or server-sent events."""
-        response = requests.post(self.spec["url"], json=message, headers=self.headers, timeout=self.timeout)
-        if response.headers.get("Mcp-Session-Id"):
-            self.headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
-        if response.status_code >= 400:
-            raise McpError(f"HTTP {response.status_code} from {self.spec['url']}")
-        if "text/event-stream" in response.headers.get("Content-Type", ""):
-            lines = response.content.decode(errors="replace").splitlines()
-            bodies = [line[5:].strip() for line in lines if line.startswith("data:")]
-        else:
-            bodies = [response.content] if response.content.strip() else []
-        for body in bodies:
-            self.take(json.loads(body))
+    def post(self, message: dict, deadline: float) -> None:
+        """One message over streamable HTTP. The answer to a request (JSON or server-sent events) is read until
+        the message that answers it, and no later than the deadline: a stream may go on for ever."""
+        with requests.post(self.spec["url"], json=message, headers=self.headers, stream=True,
+                           timeout=max(0.01, deadline - time.monotonic())) as response:
+            if response.headers.get("Mcp-Session-Id"):
+                self.headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
+            if response.status_code >= 400:
+                raise McpError(f"HTTP {response.status_code} from {self.spec['url']}")
+            if "method" not in message or "id" not in message:  # a notification or an answer: nothing to read
+                return
+            chunks = in_time(response.iter_content(chunk_size=None), deadline, f"MCP server {self.name}")
+            events = "text/event-stream" in response.headers.get("Content-Type", "")
+            for data in sse_data(chunks) if events else [b"".join(chunks).decode("utf-8", errors="replace")]:
+                if data.strip():
+                    answer = json.loads(data)
+                    self.take(answer)
+                    if isinstance(answer, dict) and answer.get("id") == message["id"] and "method" not in answer:
+                        return
+
+    def deliver(self, message: dict, slot: threading.Event, deadline: float) -> None:
+        """Post a request and read its answer in a thread of its own, so the caller's wait keeps to the deadline;
+        a failure is the answer."""
+        try:
+            self.post(message, deadline)
+            if slot.message is None:
+                raise McpError(f"MCP server {self.name} ended its answer to {message['method']} without a result")
+        except (McpError, OSError, requests.RequestException, ValueError, RecursionError) as error:
+            slot.failure = error
+        slot.set()
 
     def request(self, method: str, params: dict, timeout: float) -> dict:
         """A request's result; McpError for an error answer, a dead server or no answer in time."""
-        if self.state == "failed" or self.closed:
-            raise McpError(f"MCP server {self.name} is not running")
-        if timeout <= 0:
-            raise McpError(f"MCP server {self.name} did not finish {method} in time")
-        slot, number = threading.Event(), next(self.ids)
-        slot.message, self.pending[number], self.timeout = None, slot, timeout
+        deadline, slot, number = time.monotonic() + timeout, threading.Event(), next(self.ids)
+        slot.message, slot.failure, self.pending[number] = None, None, slot  # before the state is looked at: fail() sets it
         try:
-            self.send({"jsonrpc": "2.0", "id": number, "method": method, "params": params})
+            if self.state == "failed" or self.closed:
+                raise McpError(f"MCP server {self.name} is not running")
+            if timeout <= 0:
+                raise McpError(f"MCP server {self.name} did not finish {method} in time")
+            message = {"jsonrpc": "2.0", "id": number, "method": method, "params": params}
+            if self.proc:
+                self.send(message, deadline)
+            else:
+                threading.Thread(target=self.deliver, args=(message, slot, deadline), daemon=True).start()
             if not slot.wait(timeout):
                 raise McpError(f"MCP server {self.name} did not answer {method} within {timeout:g} s")
         finally:
             self.pending.pop(number, None)
         if slot.message is None:
-            raise McpError(f"MCP server {self.name} is not running")
+            raise slot.failure or McpError(f"MCP server {self.name} is not running")
         if isinstance(slot.message.get("error"), dict):
             raise McpError(f"MCP server {self.name}: {one_line(slot.message['error'].get('message') or 'error')}")
         return slot.message.get("result") if isinstance(slot.message.get("result"), dict) else {}
@@ -1673,16 +1740,20 @@ def start_mcp(cfg: Config, env: dict[str, str], emit: Callable[[dict], None],
     """Every configured server, started at once; a server that fails gives one warning and is left out."""
     servers = [McpServer(name, spec, cfg.cwd, env, emit, sandbox) for name, spec in cfg.mcp]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
+    deadline = time.monotonic() + cfg.mcp_timeout + 0.5  # for all together; the half second lets a start say why
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
     except BaseException:
         for server in servers:
             server.stop()
         raise
-    for server in servers:
+    for server, thread in zip(servers, threads):
+        if thread.is_alive():  # a start that overran its deadline (its own waits keep to it: this is a backstop)
+            server.fail(f"it did not start within {cfg.mcp_timeout:g} s")
+            server.stop()
         if server.state != "connected":
             emit({"type": "notice", "text": f"MCP server {server.name} failed: {server.error}; going on without it"})
     return servers
