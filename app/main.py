@@ -2237,23 +2237,42 @@ class Transcript:
         except OSError as error:
             self.failed = True
             self.warn(f"this session is no longer saved: {error.strerror or error} ({self.path})")
+            with contextlib.suppress(OSError):  # a short line may still fit the file's last block: resuming says so
+                os.write(self.fd, json.dumps({"type": "unsaved", "error": str(error.strerror or error),
+                                              "time": datetime.datetime.now().astimezone().isoformat(
+                                                  timespec="seconds")}).encode() + b"\n")
 
-    def read(self, warn: Callable[[str], None]) -> list[dict]:
-        """The conversation as it last was; an unfinished last line is dropped from the file."""
+    def read(self, warn: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
+        """The messages as the file's lines leave them, and the same repaired; an unfinished last line is dropped
+        from the file."""
         data = os.pread(self.fd, os.fstat(self.fd).st_size, 0)
-        messages, whole = read_transcript(data, self.path, warn)
+        messages, started, whole = replay_transcript(data, self.path, warn)
+        fixed = repaired(messages, started, self.path)
         os.truncate(self.fd, whole)
-        return messages
+        return messages, fixed
 
 
 def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tuple[list[dict], int]:
-    """A transcript's conversation as it last was, and how many bytes of it are whole lines."""
+    """A transcript's conversation as it last was, repaired so a strict API takes it, and how many bytes of it are
+    whole lines."""
+    messages, started, whole = replay_transcript(data, path, warn)
+    return repaired(messages, started, path), whole
+
+
+def corrupt(path: Path) -> UsageError:
+    """The error for a transcript that cannot be read as one (it is left as it is)."""
+    return UsageError(f"{path} is corrupt (a line is not a message or an event of solo's); it was left as is")
+
+
+def replay_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tuple[list[dict], set, int]:
+    """The messages a transcript's lines leave, the ids of the tool calls that started, and how many bytes of it
+    are whole lines; UsageError for a file that is not a transcript solo can read."""
     lines = data.split(b"\n")
     if lines[-1]:  # killed in the middle of writing it
         warn(f"skipped the unfinished last line of {path}")
-    try:
-        entries = [json.loads(line) for line in lines[:-1]]
-    except ValueError:
+    try:  # bytes that are not UTF-8 are replaced, as everywhere else solo reads text
+        entries = [json.loads(line.decode("utf-8", errors="replace")) for line in lines[:-1]]
+    except (ValueError, RecursionError):
         raise UsageError(f"{path} is corrupt (a line is not JSON); it was left as is") from None
     header = entries[0] if entries and isinstance(entries[0], dict) else {}
     if header.get("type") != "header" or not isinstance(header.get("format"), int):
@@ -2261,24 +2280,55 @@ def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tup
     if header["format"] > TRANSCRIPT_FORMAT:
         raise UsageError(f"{path} was written by a newer solo (format {header['format']}); update solo")
     messages: list[dict] = []
+    started: set = set()
     try:
         for entry in entries[1:]:
             if not isinstance(entry, dict):
                 raise TypeError(entry)
             if "role" in entry:
                 messages.append(entry)
-            elif entry.get("type") == "truncate":
-                del messages[int(entry["keep"]):]
+            elif entry.get("type") == "truncate":  # what follows the first `keep` messages goes, `append` comes instead
+                messages[int(entry["keep"]):] = [dict(message) for message in entry.get("append") or []]
             elif entry.get("type") == "set":
                 messages[int(entry["index"])] = dict(entry["message"])
-        for message in messages:  # the tool calls that resuming answers and compaction reads
-            if not all(isinstance(call, dict) and isinstance(call.get("function"), dict)
-                       for call in message.get("tool_calls") or []):
-                raise TypeError(message)
+            elif entry.get("type") == "started":
+                started.update(entry["tool_call_ids"])
     except (TypeError, KeyError, IndexError, ValueError, AttributeError, OverflowError):
-        raise UsageError(f"{path} is corrupt (a line is not a message or an event of solo's); it was left as is") \
-            from None
-    return messages, len(data) - len(lines[-1])
+        raise corrupt(path) from None
+    if entries[-1].get("type") == "unsaved":  # every entry is a dict by now
+        warn(f"this session stopped being saved at {entries[-1].get('time')} ({entries[-1].get('error')}): what "
+             f"happened after that is not in it ({path})")
+    return messages, started, len(data) - len(lines[-1])
+
+
+UNSTARTED = "Error: the session ended before this tool call ran"
+UNFINISHED = ("Error: the session ended while this tool call was running: it may have done some or all of its work. "
+              "Check before repeating it.")
+
+
+def repaired(messages: list[dict], started: set, path: Path) -> list[dict]:
+    """The conversation as a strict API takes it: every tool call of a reply answered once, in order, right after
+    it (a result found elsewhere is moved there; a missing one says whether the call had started); a reply that
+    repeats the one before it and results that answer no call are dropped. UsageError for a call that is none."""
+    results: dict[str, list[dict]] = {}
+    for message in messages:
+        if message.get("role") == "tool":
+            results.setdefault(message.get("tool_call_id"), []).append(message)
+    fixed, previous = [], None
+    try:
+        for message in messages:
+            if message.get("role") == "tool" or (message.get("role") == "assistant" and message == previous):
+                continue
+            fixed.append(previous := message)
+            for call in message.get("tool_calls") or []:
+                if not isinstance(call["id"], str) or not isinstance(call["function"], dict):
+                    raise TypeError(call)
+                found = results.get(call["id"])
+                fixed.append(found.pop(0) if found else {"role": "tool", "tool_call_id": call["id"],
+                                                         "content": UNFINISHED if call["id"] in started else UNSTARTED})
+    except (TypeError, KeyError, AttributeError):
+        raise corrupt(path) from None
+    return fixed
 
 
 class Conversation(list):
@@ -2308,20 +2358,14 @@ class Conversation(list):
         self.note({"type": "truncate", "keep": len(self)})
 
     def __setitem__(self, index: Any, message: Any) -> None:
-        """Replace a message (an old tool result shrunk to fit the context)."""
+        """Replace a message (an old tool result shrunk to fit the context), or every message from one on
+        (`[n:] = messages`: a compaction, a repair): one line either way, so a crash leaves one side of it whole."""
         super().__setitem__(index, message)
         self.reads.clear()
-        self.note({"type": "set", "index": index, "message": message})
-
-
-def unanswered(messages: list[dict]) -> list[dict]:
-    """Results for the last reply's tool calls that never got one, so the conversation is valid again."""
-    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
-    if last is None:
-        return []
-    answered = {m.get("tool_call_id") for m in messages[last + 1:]}
-    return [{"role": "tool", "tool_call_id": c["id"], "content": "Error: the session ended before this tool call ran"}
-            for c in messages[last].get("tool_calls") or [] if c.get("id") not in answered]
+        if isinstance(index, slice):
+            self.note({"type": "truncate", "keep": index.start, "append": message})
+        else:
+            self.note({"type": "set", "index": index, "message": message})
 
 
 class Sessions:
@@ -2336,9 +2380,11 @@ class Sessions:
 
     def recent(self, asked: bool = False) -> Iterator[Path]:
         """The transcripts, most recent first; `asked`: only those with a prompt (not a session left at once)."""
-        paths = list(self.folder.glob("*.jsonl")) if self.folder and self.folder.is_dir() else []
-        paths.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-        return (p for p in paths if not asked or self.prompts(p)[0])
+        dated = []
+        for path in self.folder.glob("*.jsonl") if self.folder and self.folder.is_dir() else []:
+            with contextlib.suppress(OSError):  # deleted since it was listed (another solo pruned it)
+                dated.append((path.stat().st_mtime, path))
+        return (p for _, p in sorted(dated, reverse=True) if not asked or self.prompts(p)[0])
 
     def find(self, wanted: str | None) -> Path:
         """The transcript of an id or unique prefix (None: the most recent with a prompt); UsageError otherwise."""
@@ -2387,14 +2433,21 @@ class Sessions:
                     raise UsageError(f"cannot go on with {path}: {error.strerror or error}") from None
                 warn(f"this session is not saved: {error.strerror or error} ({path})")
         try:
-            if resume and not going_on:
+            if going_on:
+                lines, messages = transcript.read(warn)
+                conversation = Conversation(lines, transcript)
+                if messages != lines:  # the repair is saved, so later events count positions in it
+                    same = next(i for i, pair in enumerate(itertools.zip_longest(lines, messages)) if pair[0] != pair[1])
+                    conversation[same:] = messages[same:]
+                return conversation
+            if resume:
                 messages = read_transcript(read_small(resume, 1 << 30).encode(), resume, warn)[0]
-            conversation = Conversation(transcript.read(warn) if going_on else (), transcript)
-            if transcript and not going_on:
+            conversation = Conversation((), transcript)
+            if transcript:
                 transcript.write({"type": "header", "format": TRANSCRIPT_FORMAT, "version": VERSION,
                                   "session_id": session_id, "cwd": str(self.cfg.cwd), "model": self.cfg.model,
                                   "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
-            for message in ([] if going_on else messages) + unanswered(conversation if going_on else messages):
+            for message in messages:
                 conversation.append(message)
         except BaseException:
             if transcript:
@@ -2523,9 +2576,7 @@ class Compactor:
         summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}"}
         if isinstance(messages, Conversation):
             messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
-        del messages[1:]
-        for message in (summary_message, *kept):
-            messages.append(message)
+        messages[1:] = [summary_message, *kept]  # one transcript line: a crash leaves the old or the new, whole
         if isinstance(messages, Conversation):  # a turn that fails later may drop no more than this
             messages.compactions, messages.floor = messages.compactions + 1, len(messages)
         self.after = estimate_tokens(messages)
@@ -2622,6 +2673,8 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
         group = list(group)
         for start in range(0, len(group), BATCH if together else 1):
             batch, started = group[start: start + (BATCH if together else 1)], time.monotonic()
+            if isinstance(messages, Conversation) and not messages.sidechain:  # a resume after a crash tells the model
+                messages.note({"type": "started", "tool_call_ids": [call["id"] for call in batch]})
             for call in batch:
                 emit({"type": "tool_call", "id": call["id"], "name": call["function"]["name"],
                       "arguments": call["function"]["arguments"]})
