@@ -2861,15 +2861,20 @@ class Agent:
     def ask(self, messages: list[dict], prompt: str, context: str = "") -> Outcome:
         """Add the user's prompt (expanding leading /skill words) to a conversation and run it."""
         invoked, rest = split_invocation(prompt, self.skills)
+        extra = ([f"<stdin>\n{context}\n</stdin>"] if context else []) + \
+            ([PLAN_NOTE] if self.cfg.permission_mode == "plan" else [])
+        mark = len(messages)
+        if any(s.fork for s in invoked):  # saved before a sub-agent runs: a crash meanwhile keeps the prompt
+            messages.append({"role": "user", "content": "\n\n".join([prompt, *extra])})
         parts = [prompt] if not invoked else [
             f"The skill {s.name} ran as a sub-agent and returned:\n{self.fork(render_skill(s, rest))}"
             if s.fork else render_skill(s, rest) for s in invoked
         ]
-        if context:
-            parts.append(f"<stdin>\n{context}\n</stdin>")
-        if self.cfg.permission_mode == "plan":
-            parts.append(PLAN_NOTE)
-        messages.append({"role": "user", "content": "\n\n".join(parts)})
+        request = {"role": "user", "content": "\n\n".join(parts + extra)}
+        if len(messages) > mark:
+            messages[mark] = request
+        else:
+            messages.append(request)
         return self.run(messages)
 
     def permit(self, tool: str, args: dict) -> str:

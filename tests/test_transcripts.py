@@ -861,3 +861,17 @@ def test_a_transcript_that_vanishes_while_the_folder_is_listed_is_skipped(tmp_pa
     (sessions.folder / f"{GOOD}.jsonl").write_text(transcript_text(GOOD, SYSTEM, FIRST))
     (sessions.folder / f"{BAD}.jsonl").symlink_to(tmp_path / "deleted.jsonl")  # listed, gone by the time it is looked at
     assert sessions.find(None) == sessions.folder / f"{GOOD}.jsonl"
+
+
+def test_kill_9_in_a_forked_skill_keeps_the_prompt(serve, fork_workspace, tmp_path):
+    """The prompt was appended only once the sub-agent returned: a crash in it left no session to continue (item 7)."""
+    server = serve(lambda body: Raw(400, {"error": {"code": 400, "message": "the crash"}})
+                   if "FORK-BODY" in body["messages"][1]["content"] else fork_model(body))
+    cfg = agent.Config(api_key=KEY, cwd=fork_workspace, base_url=server.url, tools=agent.TOOL_NAMES,
+                       solo_home=tmp_path / "solo", session_id=GOOD)
+    bot = agent.Agent(cfg, {}, lambda event: None)
+    with pytest.raises(agent.ApiError, match="the crash"):
+        bot.ask(bot.conversation(), "/audit *.py")
+    bot.transcript.close()
+    path = agent.Sessions(cfg).find(None)
+    assert agent.read_transcript(path.read_bytes(), path, print)[0][1:] == [{"role": "user", "content": "/audit *.py"}]
