@@ -1879,15 +1879,36 @@ def assistant_message(message: dict, turn: int, seen_ids: set[str]) -> dict:
     return message
 
 
+def stub(message: dict) -> dict:
+    """A tool result replaced by a note of how long it was."""
+    return {**message, "content": f"[removed to fit the context window: {len(message['content'])} characters of this "
+                                  "tool's output]"}
+
+
+def large_results(messages: list[dict]) -> list[int]:
+    """The positions of the tool results worth replacing with a stub, oldest first."""
+    return [i for i, m in enumerate(messages) if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS]
+
+
 def shrink(messages: list[dict]) -> int:
     """Replace the older half of the large tool results with a stub; return how many were replaced."""
-    large = [i for i, m in enumerate(messages)
-             if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS]
-    chosen = large[: max(1, len(large) // 2)]
+    chosen = large_results(messages)[: max(1, len(large_results(messages)) // 2)]
     for i in chosen:
-        stub = f"[removed to fit the context window: {len(messages[i]['content'])} characters of this tool's output]"
-        messages[i] = {**messages[i], "content": stub}
+        messages[i] = stub(messages[i])
     return len(chosen)
+
+
+def cut_old_results(messages: list[dict], budget: int) -> int:
+    """Replace large tool results before the last reply's with a stub, oldest first, until the conversation's
+    estimated size fits `budget` tokens; return how many were replaced."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=0)
+    excess, count = len(encode({"messages": messages})) - 4 * budget, 0  # in bytes, as estimate_tokens counts
+    for i in large_results(messages[:last]):
+        if excess <= 0:
+            break
+        excess, count = excess - len(messages[i]["content"]), count + 1
+        messages[i] = stub(messages[i])
+    return count
 
 
 # --- The model client (the only HTTP) -------------------------------------------------------------
@@ -2517,7 +2538,8 @@ class Compactor:
                  usage: Usage | None = None):
         self.model, self.info, self.emit, self.usage = model, info, emit, usage or Usage()
         self.windows: dict[str, int] = {}  # by model: learned from a refusal or the model list
-        self.failures, self.after = 0, 0  # summaries that failed in a row; tokens left by the last compaction
+        self.failures, self.after = 0, 0  # summaries that failed in a row; tokens at the last compaction or failure
+        self.told = False  # that the window cannot hold even the fixed part of the conversation
 
     def size(self, cfg: Config) -> int:
         """The context window in tokens: given, learned from a refusal, from the model list, or a default."""
@@ -2544,35 +2566,31 @@ class Compactor:
                               str(refusal)):
             self.windows[cfg.model] = int(found.group(1).replace(",", ""))
 
-    def compact(self, cfg: Config, messages: list[dict], tokens: int, trigger: str = "auto", focus: str = "") -> bool:
+    def compact(self, cfg: Config, messages: list[dict], tokens: int, trigger: str = "auto", focus: str = "",
+                specs: list[dict] = ()) -> bool:
         """Replace the history with the model's summary of it, the user's latest request word for word and the
-        recent tool work that fits a quarter of the window; False when no summary came (twice: never again)."""
-        if self.failures >= 2 or (cfg.compact_at >= 1 and trigger == "auto"):
+        recent tool work that fits a quarter of the window. False when there is no summary: it failed, or (when
+        automatic) one failed and the conversation has not grown a tenth of the window since, or the window cannot
+        hold even the system prompt, the tools and the latest request."""
+        if cfg.compact_at >= 1 and trigger == "auto":
             return False
         window, latest = self.size(cfg), max(i for i, m in enumerate(messages) if m["role"] in ("user", "system"))
-        budget = (window - min(window // 10, 16_000)) * 2  # characters: about half of what fits
-        ask = SUMMARY_ASK + (f" Focus on: {focus}" if focus else "")
-        history = f"<conversation>\n{history_text(messages, budget)}\n</conversation>\n\n{ask}"
-        body = build_request(cfg._replace(stream=False), [{"role": "system", "content": SUMMARY_SYSTEM},
-                                                          {"role": "user", "content": history}], [])
-        self.emit({"type": "request", "body": body})
-        try:
-            reply = self.model(body)
-            self.usage.add(reply.get("usage"), cfg.model)
-            summary = content_text(first_choice(reply)["message"]).strip()
-        except ApiError as error:
-            summary = ""
-            self.emit({"type": "notice", "text": f"the summary request failed: {error}"})
-        if not summary:
-            self.failures += 1
-            self.emit({"type": "notice", "text": "the conversation could not be summarised" + (
-                "; from now on old tool results are cut instead" if self.failures >= 2 else "")})
-            return False
-        self.failures, tail = 0, messages[latest + 1:]
-        starts = [i for i, m in enumerate(tail) if m["role"] == "assistant"]
-        kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
+        if trigger == "auto" and self.failures and tokens <= self.after + window // 10:
+            return False  # a failed summary is asked again once the conversation has grown
         request = content_text(messages[latest]) if latest else ""
         request = request.partition(LATEST + "\n")[2] if request.startswith(COMPACTED) else request  # not nested
+        fixed = estimate_tokens([messages[0], {"role": "user", "content": request}]) + len(encode({"t": specs})) // 4
+        if fixed + min(window // 10, 16_000) > window:
+            told, self.told = self.told, True
+            return self.failed(tokens, "" if told else f"the context window of {window} tokens cannot hold even the "
+                               f"system prompt, the tools and the latest request (about {fixed} tokens) and room for "
+                               "an answer: compacting cannot help, so no summary was asked for")
+        if not (summary := self.summarise(cfg, messages, window, focus)):
+            return self.failed(tokens, "the conversation could not be summarised; it will be tried again once the "
+                               "conversation has grown by a tenth of the context window")
+        self.failures, self.told, tail = 0, False, messages[latest + 1:]
+        starts = [i for i, m in enumerate(tail) if m["role"] == "assistant"]
+        kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
         summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}"}
         if isinstance(messages, Conversation):
             messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
@@ -2582,6 +2600,42 @@ class Compactor:
         self.after = estimate_tokens(messages)
         self.emit({"type": "compact_boundary", "trigger": trigger, "tokens_before": tokens, "tokens_after": self.after})
         return True
+
+    def summarise(self, cfg: Config, messages: list[dict], window: int, focus: str) -> str:
+        """The model's summary of a conversation, asked in a request that fits the window; "" when none came."""
+        budget = (window - min(window // 10, 16_000)) * 2  # characters: about half of what fits
+        ask = SUMMARY_ASK + (f" Focus on: {focus}" if focus else "")
+        history = f"<conversation>\n{history_text(messages, budget)}\n</conversation>\n\n{ask}"
+        body = build_request(cfg._replace(stream=False), [{"role": "system", "content": SUMMARY_SYSTEM},
+                                                          {"role": "user", "content": history}], [])
+        self.emit({"type": "request", "body": body})
+        try:
+            reply = self.model(body)
+            self.usage.add(reply.get("usage"), cfg.model)
+            return content_text(first_choice(reply)["message"]).strip()
+        except ApiError as error:
+            self.emit({"type": "notice", "text": f"the summary request failed: {error}"})
+            return ""
+
+    def failed(self, tokens: int, why: str) -> bool:
+        """Note a compaction that did not happen, saying why: the next waits until the conversation has grown."""
+        self.failures, self.after = self.failures + 1, tokens
+        if why:
+            self.emit({"type": "notice", "text": why})
+        return False
+
+    def fit(self, cfg: Config, messages: list[dict], tokens: int, specs: list[dict]) -> None:
+        """Before a request: compact a conversation past the threshold; while that fails, cut its old tool results
+        so that it stays within the threshold all the same."""
+        if self.due(cfg, tokens) and self.compact(cfg, messages, tokens, specs=specs):
+            return
+        if not self.failures:
+            return
+        window, before = self.size(cfg), estimate_tokens(messages)
+        if cut := cut_old_results(messages, int(cfg.compact_at * window) - min(window // 10, 16_000)):
+            self.after -= before - estimate_tokens(messages)  # what was cut is no growth: a summary is asked again
+            self.emit({"type": "notice", "text": f"the conversation is not summarised: {cut} old tool results were "
+                                                 "replaced with a short note to keep it within the context window"})
 
 
 # --- The agent loop -------------------------------------------------------------------------------
@@ -2655,7 +2709,7 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
                 raise
             if compactor:
                 compactor.learn(cfg, refusal)
-            if compactor and compactor.compact(cfg, messages, tokens or estimate_tokens(messages)):
+            if compactor and compactor.compact(cfg, messages, tokens or estimate_tokens(messages), specs=specs):
                 continue
             if not (replaced := shrink(messages)):
                 raise
@@ -2743,8 +2797,8 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
     for turn in itertools.count(1):
         if cfg.max_turns and turn > cfg.max_turns:
             return Outcome("", "error_max_turns", cfg.max_turns)
-        if compactor and compactor.due(cfg, tokens):
-            compactor.compact(cfg, messages, tokens)
+        if compactor:
+            compactor.fit(cfg, messages, tokens, specs)
         response = request_reply(cfg, messages, specs, model, emit, compactor, tokens)
         before = usage.prompt_tokens
         usage.add(response.get("usage"), cfg.model)
