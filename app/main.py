@@ -126,7 +126,7 @@ class Config(NamedTuple):
     allowed: tuple[str, ...] = ()  # --allowed-tools as given: also MCP tools (mcp__server__tool) or servers
     disallowed: tuple[str, ...] = ()
     mcp: tuple[tuple[str, dict], ...] = ()  # MCP servers: name and settings (.mcp.json's shape, variables filled in)
-    mcp_timeout: float = 10.0  # seconds a server may take to start and answer initialize
+    mcp_timeout: float = 10.0  # seconds the servers together may take to start (initialize, tools/list)
     mcp_tool_timeout: float = 120.0  # seconds one MCP tool call may take
     append_system_prompt: str = ""
     trace_path: str | None = None
@@ -1656,7 +1656,7 @@ class McpServer:
     def request(self, method: str, params: dict, timeout: float) -> dict:
         """A request's result; McpError for an error answer, a dead server or no answer in time."""
         deadline, slot, number = time.monotonic() + timeout, threading.Event(), next(self.ids)
-        slot.message, slot.failure, self.pending[number] = None, None, slot  # before the state is looked at: fail() sets it
+        slot.message, slot.failure, self.pending[number] = None, None, slot  # pending before the state is looked at
         try:
             if self.state == "failed" or self.closed:
                 raise McpError(f"MCP server {self.name} is not running")
@@ -1887,12 +1887,14 @@ def stub(message: dict) -> dict:
 
 def large_results(messages: list[dict]) -> list[int]:
     """The positions of the tool results worth replacing with a stub, oldest first."""
-    return [i for i, m in enumerate(messages) if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS]
+    return [i for i, m in enumerate(messages)
+            if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS]
 
 
 def shrink(messages: list[dict]) -> int:
     """Replace the older half of the large tool results with a stub; return how many were replaced."""
-    chosen = large_results(messages)[: max(1, len(large_results(messages)) // 2)]
+    large = large_results(messages)
+    chosen = large[: max(1, len(large) // 2)]
     for i in chosen:
         messages[i] = stub(messages[i])
     return len(chosen)
@@ -2285,7 +2287,7 @@ def corrupt(path: Path) -> UsageError:
     return UsageError(f"{path} is corrupt (a line is not a message or an event of solo's); it was left as is")
 
 
-def replay_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tuple[list[dict], set, int]:
+def replay_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tuple[list[dict], set[str], int]:
     """The messages a transcript's lines leave, the ids of the tool calls that started, and how many bytes of it
     are whole lines; UsageError for a file that is not a transcript solo can read."""
     lines = data.split(b"\n")
@@ -2301,7 +2303,7 @@ def replay_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> t
     if header["format"] > TRANSCRIPT_FORMAT:
         raise UsageError(f"{path} was written by a newer solo (format {header['format']}); update solo")
     messages: list[dict] = []
-    started: set = set()
+    started: set[str] = set()
     try:
         for entry in entries[1:]:
             if not isinstance(entry, dict):
@@ -2327,7 +2329,7 @@ UNFINISHED = ("Error: the session ended while this tool call was running: it may
               "Check before repeating it.")
 
 
-def repaired(messages: list[dict], started: set, path: Path) -> list[dict]:
+def repaired(messages: list[dict], started: set[str], path: Path) -> list[dict]:
     """The conversation as a strict API takes it: every tool call of a reply answered once, in order, right after
     it (a result found elsewhere is moved there; a missing one says whether the call had started); a reply that
     repeats the one before it and results that answer no call are dropped. UsageError for a call that is none."""
@@ -2458,7 +2460,7 @@ class Sessions:
                 lines, messages = transcript.read(warn)
                 conversation = Conversation(lines, transcript)
                 if messages != lines:  # the repair is saved, so later events count positions in it
-                    same = next(i for i, pair in enumerate(itertools.zip_longest(lines, messages)) if pair[0] != pair[1])
+                    same = next(i for i, (a, b) in enumerate(itertools.zip_longest(lines, messages)) if a != b)
                     conversation[same:] = messages[same:]
                 return conversation
             if resume:
@@ -2581,10 +2583,11 @@ class Compactor:
         request = request.partition(LATEST + "\n")[2] if request.startswith(COMPACTED) else request  # not nested
         fixed = estimate_tokens([messages[0], {"role": "user", "content": request}]) + len(encode({"t": specs})) // 4
         if fixed + min(window // 10, 16_000) > window:
-            told, self.told = self.told, True
-            return self.failed(tokens, "" if told else f"the context window of {window} tokens cannot hold even the "
-                               f"system prompt, the tools and the latest request (about {fixed} tokens) and room for "
-                               "an answer: compacting cannot help, so no summary was asked for")
+            why = "" if self.told else (f"the context window of {window} tokens cannot hold even the system prompt, "
+                                        f"the tools and the latest request (about {fixed} tokens) and room for an "
+                                        "answer: compacting cannot help, so no summary was asked for")
+            self.told = True
+            return self.failed(tokens, why)
         if not (summary := self.summarise(cfg, messages, window, focus)):
             return self.failed(tokens, "the conversation could not be summarised; it will be tried again once the "
                                "conversation has grown by a tenth of the context window")

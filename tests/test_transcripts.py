@@ -840,7 +840,8 @@ def test_continue_resume_and_fork_read_bytes_that_are_not_utf8_alike(tmp_path, f
     sessions = agent.Sessions(agent.Config(api_key=KEY, cwd=tmp_path, solo_home=tmp_path / "solo"))
     path = sessions.folder / f"{GOOD}.jsonl"
     path.parent.mkdir(parents=True)
-    path.write_bytes(transcript_text(GOOD, SYSTEM, FIRST.replace("first", "caf\udce9")).encode("utf-8", "surrogateescape"))
+    text = transcript_text(GOOD, SYSTEM, FIRST.replace("first", "caf\udce9"))
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))  # a lone byte 0xE9: not UTF-8
     conversation = sessions.open(OTHER if fork else GOOD, [], print, resume=path, fork=fork)
     conversation.transcript.close()
     assert conversation[1] == {"role": "user", "content": "caf\ufffd"}
@@ -859,7 +860,7 @@ def test_a_transcript_that_vanishes_while_the_folder_is_listed_is_skipped(tmp_pa
     sessions = agent.Sessions(agent.Config(api_key=KEY, cwd=tmp_path, solo_home=tmp_path / "solo"))
     sessions.folder.mkdir(parents=True)
     (sessions.folder / f"{GOOD}.jsonl").write_text(transcript_text(GOOD, SYSTEM, FIRST))
-    (sessions.folder / f"{BAD}.jsonl").symlink_to(tmp_path / "deleted.jsonl")  # listed, gone by the time it is looked at
+    (sessions.folder / f"{BAD}.jsonl").symlink_to(tmp_path / "deleted.jsonl")  # listed, gone when looked at
     assert sessions.find(None) == sessions.folder / f"{GOOD}.jsonl"
 
 
