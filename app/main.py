@@ -1636,10 +1636,9 @@ class McpServer:
             chunks = in_time(response.iter_content(chunk_size=None), deadline, f"MCP server {self.name}")
             events = "text/event-stream" in response.headers.get("Content-Type", "")
             for data in sse_data(chunks) if events else [b"".join(chunks).decode("utf-8", errors="replace")]:
-                if data.strip():
-                    answer = json.loads(data)
+                if isinstance(answer := json.loads(data) if data.strip() else None, dict):
                     self.take(answer)
-                    if isinstance(answer, dict) and answer.get("id") == message["id"] and "method" not in answer:
+                    if answer.get("id") == message["id"] and "method" not in answer:
                         return
 
     def deliver(self, message: dict, slot: threading.Event, deadline: float) -> None:
@@ -1649,8 +1648,8 @@ class McpServer:
             self.post(message, deadline)
             if slot.message is None:
                 raise McpError(f"MCP server {self.name} ended its answer to {message['method']} without a result")
-        except (McpError, OSError, requests.RequestException, ValueError, RecursionError) as error:
-            slot.failure = error
+        except Exception as error:  # the thread's edge: whatever went wrong is what the caller raises
+            slot.failure = error if isinstance(error, McpError) else McpError(str(error))
         slot.set()
 
     def request(self, method: str, params: dict, timeout: float) -> dict:
