@@ -772,7 +772,7 @@ class EndlessHttp:
     end: the answer, then keep-alive comments (True), or the comments alone (False)."""
 
     def __init__(self, endless: dict[str, bool]):
-        stop, self.stop = threading.Event(), threading.Event()
+        self.stop = stop = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # a stream in chunks, as real servers send it
@@ -809,7 +809,6 @@ class EndlessHttp:
                     while not stop.wait(0.05):
                         self.chunk(b": keep-alive\n\n")
 
-        self.stop = stop
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.spec = {"type": "http", "url": f"http://127.0.0.1:{self.httpd.server_address[1]}/mcp"}
@@ -834,10 +833,8 @@ def test_http_answers_that_never_end_keep_mcp_timeout_and_mcp_tool_timeout(mcp, 
     http = endless_http({"initialize": True, "tools/list": True, "tools/call": False})
     server = mcp(spec=http.spec, timeout=2)
     assert (server.state, [t["name"] for t in server.tools]) == ("connected", ["wait"])
-    started = time.monotonic()
     with pytest.raises(agent.ToolError, match="did not answer tools/call within 1 s"):
         finishes(lambda: server.call("wait", {}, 1), 1 + MARGIN)
-    assert time.monotonic() - started < 1 + MARGIN
     silent = mcp(spec=endless_http({"initialize": False}).spec, timeout=1)
     assert silent.state == "failed" and "did not answer initialize within 1 s" in silent.error
 
