@@ -1463,9 +1463,13 @@ def in_time(chunks: Iterable[bytes], deadline: float, who: str) -> Iterator[byte
 
 def sse_data(chunks: Iterable[bytes]) -> Iterator[str]:
     """The data of each server-sent event in a byte stream split anywhere, as it comes."""
-    rest, data = b"", []
+    pending, data = [], []
     for chunk in chunks:
-        *lines, rest = (rest + chunk).split(b"\n")
+        pending.append(chunk)
+        if b"\n" not in chunk:  # a long line comes in many pieces: join them once, when it ends
+            continue
+        *lines, rest = b"".join(pending).split(b"\n")
+        pending = [rest]
         for line in lines:
             line = line.removesuffix(b"\r")
             if line.startswith(b"data:"):
@@ -1473,6 +1477,8 @@ def sse_data(chunks: Iterable[bytes]) -> Iterator[str]:
             elif not line and data:  # a blank line ends an event; ':' lines are comments (keep-alives)
                 yield b"\n".join(data).decode("utf-8", errors="replace")
                 data = []
+    if (tail := b"".join(pending).removesuffix(b"\r")).startswith(b"data:"):  # the stream ended mid-event
+        data.append(tail[5:].removeprefix(b" "))
     if data:
         yield b"\n".join(data).decode("utf-8", errors="replace")
 

@@ -871,3 +871,11 @@ def test_a_line_nested_too_deeply_is_skipped_and_the_server_still_answers(mcp):
     server = mcp("--only", "echo", "--deep-line", timeout=5)
     assert server.state == "connected", server.error
     assert server.call("echo", {"text": "hi"}, 10) == "echo: hi"
+
+
+def test_server_sent_events_are_read_as_they_come_wherever_the_stream_is_split():
+    data = b'data: {"a": 1}\r\n\r\n: keep-alive\n\ndata: x\ndata: y\n\ndata: the end, unfinished'
+    events = ['{"a": 1}', "x\ny", "the end, unfinished"]
+    for cut in range(1, len(data)):
+        assert list(agent.sse_data([data[:cut], data[cut:]])) == events, cut
+    assert list(agent.sse_data(bytes([byte]) for byte in data)) == events
