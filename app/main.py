@@ -155,7 +155,7 @@ class Config(NamedTuple):
     disallowed: tuple[str, ...] = ()
     mcp: tuple[tuple[str, dict], ...] = ()  # --mcp-config's servers: name and settings (variables filled in)
     project_mcp: tuple[tuple[str, dict], ...] = ()  # the working directory's .mcp.json: started only when approved
-    mcp_timeout: float = 10.0  # seconds a server may take to start and answer initialize
+    mcp_timeout: float = 10.0  # seconds the servers together may take to start (initialize, tools/list)
     mcp_tool_timeout: float = 120.0  # seconds one MCP tool call may take
     append_system_prompt: str = ""
     trace_path: str | None = None
@@ -2176,10 +2176,41 @@ def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> li
 
 
 MCP_PROTOCOL = "2025-06-18"
+MCP_ANSWER_SECONDS = 10.0  # our answer to a server's own request (ping, roots/list) is written within this
 
 
 class McpError(Exception):
     """An MCP server failed, refused a request, or did not answer in time."""
+
+
+def in_time(chunks: Iterable[bytes], deadline: float, who: str) -> Iterator[bytes]:
+    """The chunks of a response until the deadline; McpError after it (keep-alives alone may come for ever)."""
+    for chunk in chunks:
+        if time.monotonic() > deadline:
+            raise McpError(f"{who} did not finish its answer in time")
+        yield chunk
+
+
+def sse_data(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The data of each server-sent event in a byte stream split anywhere, as it comes."""
+    pending, data = [], []
+    for chunk in chunks:
+        pending.append(chunk)
+        if b"\n" not in chunk:  # a long line comes in many pieces: join them once, when it ends
+            continue
+        *lines, rest = b"".join(pending).split(b"\n")
+        pending = [rest]
+        for line in lines:
+            line = line.removesuffix(b"\r")
+            if line.startswith(b"data:"):
+                data.append(line[5:].removeprefix(b" "))
+            elif not line and data:  # a blank line ends an event; ':' lines are comments (keep-alives)
+                yield b"\n".join(data).decode("utf-8", errors="replace")
+                data = []
+    if (tail := b"".join(pending).removesuffix(b"\r")).startswith(b"data:"):  # the stream ended mid-event
+        data.append(tail[5:].removeprefix(b" "))
+    if data:
+        yield b"\n".join(data).decode("utf-8", errors="replace")
 
 
 def expand_vars(value: Any, env: dict[str, str]) -> Any:
@@ -2218,14 +2249,14 @@ def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dic
 
 class McpServer:
     """One MCP server, over stdio (a child in its own process group) or streamable HTTP: the handshake, its
-    tools, calls with a time limit, and the requests it sends back (ping, roots/list)."""
+    tools, calls with a time limit, and the requests it sends back (ping, roots/list). Every wait, a write to a
+    server that stops reading and an answer that never ends included, keeps to its deadline."""
 
     def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
                  spawner: Spawner | None = None):
         self.name, self.spec, self.cwd, self.env, self.emit, self.spawner = name, spec, cwd, env, emit, spawner
         self.state, self.error, self.tools, self.proc, self.closed = "starting", "", [], None, False
         self.lock, self.writing, self.pending, self.ids = threading.Lock(), threading.Lock(), {}, itertools.count(1)
-        self.timeout = 10.0
         self.headers = {"Accept": "application/json, text/event-stream", **(spec.get("headers") or {})}
 
     def start(self, timeout: float) -> None:
@@ -2244,7 +2275,7 @@ class McpServer:
             if not isinstance(hello.get("protocolVersion", ""), str):
                 raise McpError("its answer to initialize is not of the protocol")
             self.headers["MCP-Protocol-Version"] = str(hello.get("protocolVersion") or MCP_PROTOCOL)
-            self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            self.send({"jsonrpc": "2.0", "method": "notifications/initialized"}, deadline)
             cursor, tools = None, []
             while True:
                 page = self.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
@@ -2253,13 +2284,15 @@ class McpServer:
                 tools += [t for t in page.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
                 if not (cursor := page.get("nextCursor")):
                     break
-            self.tools, self.state = tools, "connected"
-        except (McpError, OSError, requests.RequestException, ValueError) as error:
-            self.state, self.error = "failed", one_line(str(error), 160)
+            with self.lock:  # not when start-up gave up on it meanwhile
+                if self.state == "starting":
+                    self.tools, self.state = tools, "connected"
+        except (McpError, OSError, requests.RequestException, ValueError, RecursionError) as error:
+            self.fail(one_line(str(error), 160))
             self.stop()
 
     def spawn(self) -> None:
-        """The server's process, its output read by a thread, its stderr kept off the terminal."""
+        """The server's process, its output read by a thread, its stderr kept off the terminal, its exit watched."""
         env = {**self.env, **{k: str(v) for k, v in (self.spec.get("env") or {}).items()}}
         command = [self.spec["command"], *map(str, self.spec.get("args") or [])]
         with self.lock:  # stop() waits for a start under way, so a server is never left behind
@@ -2268,23 +2301,33 @@ class McpServer:
             self.proc = (self.spawner.popen if self.spawner else subprocess.Popen)(
                 command, cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True)
-        threading.Thread(target=self.read, daemon=True).start()
-        threading.Thread(target=self.log, daemon=True).start()
+        os.set_blocking(self.proc.stdin.fileno(), False)  # writes wait in select(), which keeps a deadline
+        for watch in (self.read, self.log, self.watch):
+            threading.Thread(target=watch, daemon=True).start()
 
     def read(self) -> None:
         """Take the server's messages: answers to our requests, its own requests, notifications."""
         for line in self.proc.stdout:
-            with contextlib.suppress(ValueError, AttributeError, TypeError, OSError):
-                self.take(json.loads(line))
-        if self.state == "connected":
-            self.state, self.error = "failed", "the server exited"
-        for slot in list(self.pending.values()):
-            slot.set()
+            with contextlib.suppress(ValueError, AttributeError, TypeError, OSError, RecursionError, McpError):
+                self.take(json.loads(line))  # a line that is no message (noise, or nested too deeply) is skipped
+        self.fail("the server closed its output")
 
     def log(self) -> None:
         """The server's stderr, for the trace and --verbose only."""
         for line in self.proc.stderr:
             self.emit({"type": "mcp_log", "server": self.name, "text": line.decode(errors="replace").rstrip()})
+
+    def watch(self) -> None:
+        """Fail the server when its process exits, though a child of it may hold its output open."""
+        self.fail(f"the server exited (code {self.proc.wait()})")
+
+    def fail(self, why: str) -> None:
+        """The server can no longer be used: keep the first reason, and wake every request waiting on it."""
+        with self.lock:
+            if self.state != "failed":
+                self.state, self.error = "failed", why
+        for slot in list(self.pending.values()):
+            slot.set()
 
     def take(self, message: dict) -> None:
         """One message from the server."""
@@ -2296,49 +2339,78 @@ class McpServer:
             answers = {"ping": {}, "roots/list": {"roots": [{"uri": self.cwd.as_uri(), "name": self.cwd.name}]}}
             method = message["method"]
             self.send({"jsonrpc": "2.0", "id": message["id"], **({"result": answers[method]} if method in answers else
-                       {"error": {"code": -32601, "message": f"{method} is not supported"}})})
+                       {"error": {"code": -32601, "message": f"{method} is not supported"}})},
+                      time.monotonic() + MCP_ANSWER_SECONDS)
         else:
             self.emit({"type": "mcp_log", "server": self.name, "text": one_line(json.dumps(message), 300)})
 
-    def send(self, message: dict) -> Any:
-        """Write a message to the server (stdio), or post it (http) and take what comes back."""
+    def send(self, message: dict, deadline: float) -> None:
+        """Write a message to the server (stdio) or post it (http), by the deadline."""
         if not self.proc:
-            return self.post(message)
-        with self.writing:
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
+            return self.post(message, deadline)
+        if not self.writing.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise McpError(f"MCP server {self.name} did not take a message in time")
+        try:
+            fd, data = self.proc.stdin.fileno(), memoryview(json.dumps(message).encode() + b"\n")
+            while data:
+                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                    self.fail("it stopped reading its input")  # half a message is in the pipe: it cannot go on
+                    raise McpError(f"MCP server {self.name} stopped reading its input")
+                with contextlib.suppress(BlockingIOError):
+                    data = data[os.write(fd, data):]
+        finally:
+            self.writing.release()
 
-    def post(self, message: dict) -> None:
-        """One message over streamable HTTP: the answer is JSON or server-sent events."""
-        response = requests.post(self.spec["url"], json=message, headers=self.headers, timeout=self.timeout)
-        if response.headers.get("Mcp-Session-Id"):
-            self.headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
-        if response.status_code >= 400:
-            raise McpError(f"HTTP {response.status_code} from {self.spec['url']}")
-        if "text/event-stream" in response.headers.get("Content-Type", ""):
-            lines = response.content.decode(errors="replace").splitlines()
-            bodies = [line[5:].strip() for line in lines if line.startswith("data:")]
-        else:
-            bodies = [response.content] if response.content.strip() else []
-        for body in bodies:
-            self.take(json.loads(body))
+    def post(self, message: dict, deadline: float) -> None:
+        """One message over streamable HTTP. The answer to a request (JSON or server-sent events) is read until
+        the message that answers it, and no later than the deadline: a stream may go on for ever."""
+        with requests.post(self.spec["url"], json=message, headers=self.headers, stream=True,
+                           timeout=max(0.01, deadline - time.monotonic())) as response:
+            if response.headers.get("Mcp-Session-Id"):
+                self.headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
+            if response.status_code >= 400:
+                raise McpError(f"HTTP {response.status_code} from {self.spec['url']}")
+            if "method" not in message or "id" not in message:  # a notification or an answer: nothing to read
+                return
+            chunks = in_time(response.iter_content(chunk_size=None), deadline, f"MCP server {self.name}")
+            events = "text/event-stream" in response.headers.get("Content-Type", "")
+            for data in sse_data(chunks) if events else [b"".join(chunks).decode("utf-8", errors="replace")]:
+                if isinstance(answer := json.loads(data) if data.strip() else None, dict):
+                    self.take(answer)
+                    if answer.get("id") == message["id"] and "method" not in answer:
+                        return
+
+    def deliver(self, message: dict, slot: threading.Event, deadline: float) -> None:
+        """Post a request and read its answer in a thread of its own, so the caller's wait keeps to the deadline;
+        a failure is the answer."""
+        try:
+            self.post(message, deadline)
+            if slot.message is None:
+                raise McpError(f"MCP server {self.name} ended its answer to {message['method']} without a result")
+        except Exception as error:  # the thread's edge: whatever went wrong is what the caller raises
+            slot.failure = error if isinstance(error, McpError) else McpError(str(error))
+        slot.set()
 
     def request(self, method: str, params: dict, timeout: float) -> dict:
         """A request's result; McpError for an error answer, a dead server or no answer in time."""
-        if self.state == "failed" or self.closed:
-            raise McpError(f"MCP server {self.name} is not running")
-        if timeout <= 0:
-            raise McpError(f"MCP server {self.name} did not finish {method} in time")
-        slot, number = threading.Event(), next(self.ids)
-        slot.message, self.pending[number], self.timeout = None, slot, timeout
+        deadline, slot, number = time.monotonic() + timeout, threading.Event(), next(self.ids)
+        slot.message, slot.failure, self.pending[number] = None, None, slot  # pending before the state is looked at
         try:
-            self.send({"jsonrpc": "2.0", "id": number, "method": method, "params": params})
+            if self.state == "failed" or self.closed:
+                raise McpError(f"MCP server {self.name} is not running")
+            if timeout <= 0:
+                raise McpError(f"MCP server {self.name} did not finish {method} in time")
+            message = {"jsonrpc": "2.0", "id": number, "method": method, "params": params}
+            if self.proc:
+                self.send(message, deadline)
+            else:
+                threading.Thread(target=self.deliver, args=(message, slot, deadline), daemon=True).start()
             if not slot.wait(timeout):
                 raise McpError(f"MCP server {self.name} did not answer {method} within {timeout:g} s")
         finally:
             self.pending.pop(number, None)
         if slot.message is None:
-            raise McpError(f"MCP server {self.name} is not running")
+            raise slot.failure or McpError(f"MCP server {self.name} is not running")
         if isinstance(slot.message.get("error"), dict):
             raise McpError(f"MCP server {self.name}: {one_line(slot.message['error'].get('message') or 'error')}")
         return slot.message.get("result") if isinstance(slot.message.get("result"), dict) else {}
@@ -2419,16 +2491,20 @@ def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], e
                   "not this machine and the sandbox's network is off (--sandbox-network on allows it)"})
     servers = [McpServer(name, spec, cfg.cwd, env, emit, spawner) for name, spec in specs if not offline(cfg, spec)]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
+    deadline = time.monotonic() + cfg.mcp_timeout + 0.5  # for all together; the half second lets a start say why
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
     except BaseException:
         for server in servers:
             server.stop()
         raise
-    for server in servers:
+    for server, thread in zip(servers, threads):
+        if thread.is_alive():  # a start that overran its deadline (its own waits keep to it: this is a backstop)
+            server.fail(f"it did not start within {cfg.mcp_timeout:g} s")
+            server.stop()
         if server.state != "connected":
             emit({"type": "notice", "text": f"MCP server {server.name} failed: {server.error}; going on without it"})
     return servers
@@ -3442,15 +3518,38 @@ def assistant_message(message: dict, turn: int, seen_ids: set[str]) -> dict:
     return message
 
 
+def stub(message: dict) -> dict:
+    """A tool result replaced by a note of how long it was."""
+    return {**message, "content": f"[removed to fit the context window: {len(message['content'])} characters of this "
+                                  "tool's output]"}
+
+
+def large_results(messages: list[dict]) -> list[int]:
+    """The positions of the tool results worth replacing with a stub, oldest first."""
+    return [i for i, m in enumerate(messages)
+            if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS]
+
+
 def shrink(messages: list[dict]) -> int:
     """Replace the older half of the large tool results with a stub; return how many were replaced."""
-    large = [i for i, m in enumerate(messages)
-             if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS]
+    large = large_results(messages)
     chosen = large[: max(1, len(large) // 2)]
     for i in chosen:
-        stub = f"[removed to fit the context window: {len(messages[i]['content'])} characters of this tool's output]"
-        messages[i] = {**messages[i], "content": stub}
+        messages[i] = stub(messages[i])
     return len(chosen)
+
+
+def cut_old_results(messages: list[dict], budget: int) -> int:
+    """Replace large tool results before the last reply's with a stub, oldest first, until the conversation's
+    estimated size fits `budget` tokens; return how many were replaced."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=0)
+    excess, count = len(encode({"messages": messages})) - 4 * budget, 0  # in bytes, as estimate_tokens counts
+    for i in large_results(messages[:last]):
+        if excess <= 0:
+            break
+        excess, count = excess - len(messages[i]["content"]), count + 1
+        messages[i] = stub(messages[i])
+    return count
 
 
 # --- The model client (the only HTTP) -------------------------------------------------------------
@@ -3544,9 +3643,10 @@ def judge(status: int, headers: Any, text: str) -> dict:
     wait = retry_after(headers.get("Retry-After"))
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError) as error:
         excerpt = one_line(text, 120) or "(empty)"
-        raise ApiError(f"HTTP {status}: the API sent a non-JSON reply: {excerpt}", status=status,
+        what = "reply nested too deeply" if isinstance(error, RecursionError) else f"non-JSON reply: {excerpt}"
+        raise ApiError(f"HTTP {status}: the API sent a {what}", status=status,
                        retryable=status == 200 or status in RETRY_STATUSES or status >= 500, retry_after=wait) from None
     error = body.get("error") if isinstance(body, dict) else None
     if status != 200 or error:
@@ -3571,16 +3671,22 @@ class Pieces(list):
     """The pieces of a streamed text, joined once at the end (joining as they come takes quadratic time)."""
 
 
+class Items(dict):
+    """A streamed list's items by (index, type): pieces of one item share both; settled in index order."""
+
+
 def merge_delta(into: dict, delta: dict) -> None:
-    """Add a streamed delta to what came before: text adds up, lists merge by their items' `index`, other
-    values are set (a null never replaces a value)."""
+    """Add a streamed delta to what came before: text adds up, list items merge with the earlier pieces of the
+    same item (same `index`; for reasoning details, also the same `type`), other values are set (a null never
+    replaces a value)."""
     for key, value in delta.items():
         if isinstance(value, list) and key in ("tool_calls", "reasoning_details"):
-            parts = into.setdefault(key, {})
+            items = into.setdefault(key, Items())
             for item in value:
                 if isinstance(item, dict):
-                    index = item.get("index", len(parts))
-                    merge_delta(parts.setdefault(index if isinstance(index, int) else len(parts), {}), item)
+                    index = item.get("index") if isinstance(item.get("index"), int) else len(items)
+                    kind = item.get("type") if key == "reasoning_details" else None
+                    merge_delta(items.setdefault((index, kind), {}), item)
         elif isinstance(value, dict) and isinstance(into.get(key, {}), dict):
             merge_delta(into.setdefault(key, {}), value)
         elif isinstance(value, str) and key in STREAMED_TEXT and isinstance(into.get(key), (str, Pieces)):
@@ -3594,8 +3700,8 @@ def settled(value: Any) -> Any:
     """A merged delta as a message field: pieces joined, merged lists back in their index order."""
     if isinstance(value, Pieces):
         return "".join(value)
-    if isinstance(value, dict) and value and all(isinstance(k, int) for k in value):
-        return [settled(value[k]) for k in sorted(value)]
+    if isinstance(value, Items):
+        return [settled(value[k]) for k in sorted(value, key=lambda k: k[0])]  # stable: arrival order within an index
     return {k: settled(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
@@ -3623,16 +3729,18 @@ class StreamedReply:
             if line.startswith(b"data:"):
                 self.data.append(line[5:].removeprefix(b" "))
             elif not line and self.data:  # a blank line ends an event; ':' comments are keep-alives
-                data, self.data = b"\n".join(self.data), []
+                data, self.data = b"\n".join(self.data).decode("utf-8", errors="replace"), []
+                if not data.strip():
+                    continue
                 try:
                     self.event(data)
                 except (TypeError, AttributeError, KeyError, ValueError, RecursionError, OverflowError):
-                    excerpt = one_line(data.decode(errors="replace"), 100)
+                    excerpt = one_line(data, 100)
                     raise ApiError(f"the API sent a malformed stream event: {excerpt}", retryable=True) from None
 
-    def event(self, data: bytes) -> None:
+    def event(self, data: str) -> None:
         """Take one event: a chunk of the reply, an error, or the end."""
-        if data.strip() == b"[DONE]":
+        if data.strip() == "[DONE]":
             self.done = True
             return
         chunk = json.loads(data)
@@ -3816,23 +3924,42 @@ class Transcript:
         except OSError as error:
             self.failed = True
             self.warn(f"this session is no longer saved: {error.strerror or error} ({self.path})")
+            with contextlib.suppress(OSError):  # a short line may still fit the file's last block: resuming says so
+                os.write(self.fd, json.dumps({"type": "unsaved", "error": str(error.strerror or error),
+                                              "time": datetime.datetime.now().astimezone().isoformat(
+                                                  timespec="seconds")}).encode() + b"\n")
 
-    def read(self, warn: Callable[[str], None]) -> list[dict]:
-        """The conversation as it last was; an unfinished last line is dropped from the file."""
+    def read(self, warn: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
+        """The messages as the file's lines leave them, and the same repaired; an unfinished last line is dropped
+        from the file."""
         data = os.pread(self.fd, os.fstat(self.fd).st_size, 0)
-        messages, whole = read_transcript(data, self.path, warn)
+        messages, started, whole = replay_transcript(data, self.path, warn)
+        fixed = repaired(messages, started, self.path)
         os.truncate(self.fd, whole)
-        return messages
+        return messages, fixed
 
 
 def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tuple[list[dict], int]:
-    """A transcript's conversation as it last was, and how many bytes of it are whole lines."""
+    """A transcript's conversation as it last was, repaired so a strict API takes it, and how many bytes of it are
+    whole lines."""
+    messages, started, whole = replay_transcript(data, path, warn)
+    return repaired(messages, started, path), whole
+
+
+def corrupt(path: Path) -> UsageError:
+    """The error for a transcript that cannot be read as one (it is left as it is)."""
+    return UsageError(f"{path} is corrupt (a line is not a message or an event of solo's); it was left as is")
+
+
+def replay_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tuple[list[dict], set[str], int]:
+    """The messages a transcript's lines leave, the ids of the tool calls that started, and how many bytes of it
+    are whole lines; UsageError for a file that is not a transcript solo can read."""
     lines = data.split(b"\n")
     if lines[-1]:  # killed in the middle of writing it
         warn(f"skipped the unfinished last line of {path}")
-    try:
-        entries = [json.loads(line) for line in lines[:-1]]
-    except ValueError:
+    try:  # bytes that are not UTF-8 are replaced, as everywhere else solo reads text
+        entries = [json.loads(line.decode("utf-8", errors="replace")) for line in lines[:-1]]
+    except (ValueError, RecursionError):
         raise UsageError(f"{path} is corrupt (a line is not JSON); it was left as is") from None
     header = entries[0] if entries and isinstance(entries[0], dict) else {}
     if header.get("type") != "header" or not isinstance(header.get("format"), int):
@@ -3840,24 +3967,55 @@ def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tup
     if header["format"] > TRANSCRIPT_FORMAT:
         raise UsageError(f"{path} was written by a newer solo (format {header['format']}); update solo")
     messages: list[dict] = []
+    started: set[str] = set()
     try:
         for entry in entries[1:]:
             if not isinstance(entry, dict):
                 raise TypeError(entry)
             if "role" in entry:
                 messages.append(entry)
-            elif entry.get("type") == "truncate":
-                del messages[int(entry["keep"]):]
+            elif entry.get("type") == "truncate":  # what follows the first `keep` messages goes, `append` comes instead
+                messages[int(entry["keep"]):] = [dict(message) for message in entry.get("append") or []]
             elif entry.get("type") == "set":
                 messages[int(entry["index"])] = dict(entry["message"])
-        for message in messages:  # the tool calls that resuming answers and compaction reads
-            if not all(isinstance(call, dict) and isinstance(call.get("function"), dict)
-                       for call in message.get("tool_calls") or []):
-                raise TypeError(message)
+            elif entry.get("type") == "started":
+                started.update(entry["tool_call_ids"])
     except (TypeError, KeyError, IndexError, ValueError, AttributeError, OverflowError):
-        raise UsageError(f"{path} is corrupt (a line is not a message or an event of solo's); it was left as is") \
-            from None
-    return messages, len(data) - len(lines[-1])
+        raise corrupt(path) from None
+    if entries[-1].get("type") == "unsaved":  # every entry is a dict by now
+        warn(f"this session stopped being saved at {entries[-1].get('time')} ({entries[-1].get('error')}): what "
+             f"happened after that is not in it ({path})")
+    return messages, started, len(data) - len(lines[-1])
+
+
+UNSTARTED = "Error: the session ended before this tool call ran"
+UNFINISHED = ("Error: the session ended while this tool call was running: it may have done some or all of its work. "
+              "Check before repeating it.")
+
+
+def repaired(messages: list[dict], started: set[str], path: Path) -> list[dict]:
+    """The conversation as a strict API takes it: every tool call of a reply answered once, in order, right after
+    it (a result found elsewhere is moved there; a missing one says whether the call had started); a reply that
+    repeats the one before it and results that answer no call are dropped. UsageError for a call that is none."""
+    results: dict[str, list[dict]] = {}
+    for message in messages:
+        if message.get("role") == "tool":
+            results.setdefault(message.get("tool_call_id"), []).append(message)
+    fixed, previous = [], None
+    try:
+        for message in messages:
+            if message.get("role") == "tool" or (message.get("role") == "assistant" and message == previous):
+                continue
+            fixed.append(previous := message)
+            for call in message.get("tool_calls") or []:
+                if not isinstance(call["id"], str) or not isinstance(call["function"], dict):
+                    raise TypeError(call)
+                found = results.get(call["id"])
+                fixed.append(found.pop(0) if found else {"role": "tool", "tool_call_id": call["id"],
+                                                         "content": UNFINISHED if call["id"] in started else UNSTARTED})
+    except (TypeError, KeyError, AttributeError):
+        raise corrupt(path) from None
+    return fixed
 
 
 class Conversation(list):
@@ -3887,20 +4045,14 @@ class Conversation(list):
         self.note({"type": "truncate", "keep": len(self)})
 
     def __setitem__(self, index: Any, message: Any) -> None:
-        """Replace a message (an old tool result shrunk to fit the context)."""
+        """Replace a message (an old tool result shrunk to fit the context), or every message from one on
+        (`[n:] = messages`: a compaction, a repair): one line either way, so a crash leaves one side of it whole."""
         super().__setitem__(index, message)
         self.reads.clear()
-        self.note({"type": "set", "index": index, "message": message})
-
-
-def unanswered(messages: list[dict]) -> list[dict]:
-    """Results for the last reply's tool calls that never got one, so the conversation is valid again."""
-    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
-    if last is None:
-        return []
-    answered = {m.get("tool_call_id") for m in messages[last + 1:]}
-    return [{"role": "tool", "tool_call_id": c["id"], "content": "Error: the session ended before this tool call ran"}
-            for c in messages[last].get("tool_calls") or [] if c.get("id") not in answered]
+        if isinstance(index, slice):
+            self.note({"type": "truncate", "keep": index.start, "append": message})
+        else:
+            self.note({"type": "set", "index": index, "message": message})
 
 
 class Sessions:
@@ -3915,9 +4067,11 @@ class Sessions:
 
     def recent(self, asked: bool = False) -> Iterator[Path]:
         """The transcripts, most recent first; `asked`: only those with a prompt (not a session left at once)."""
-        paths = list(self.folder.glob("*.jsonl")) if self.folder and self.folder.is_dir() else []
-        paths.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-        return (p for p in paths if not asked or self.prompts(p)[0])
+        dated = []
+        for path in self.folder.glob("*.jsonl") if self.folder and self.folder.is_dir() else []:
+            with contextlib.suppress(OSError):  # deleted since it was listed (another solo pruned it)
+                dated.append((path.stat().st_mtime, path))
+        return (p for _, p in sorted(dated, reverse=True) if not asked or self.prompts(p)[0])
 
     def find(self, wanted: str | None) -> Path:
         """The transcript of an id or unique prefix (None: the most recent with a prompt); UsageError otherwise."""
@@ -3966,14 +4120,21 @@ class Sessions:
                     raise UsageError(f"cannot go on with {path}: {error.strerror or error}") from None
                 warn(f"this session is not saved: {error.strerror or error} ({path})")
         try:
-            if resume and not going_on:
+            if going_on:
+                lines, messages = transcript.read(warn)
+                conversation = Conversation(lines, transcript)
+                if messages != lines:  # the repair is saved, so later events count positions in it
+                    same = next(i for i, (a, b) in enumerate(itertools.zip_longest(lines, messages)) if a != b)
+                    conversation[same:] = messages[same:]
+                return conversation
+            if resume:
                 messages = read_transcript(read_small(resume, 1 << 30).encode(), resume, warn)[0]
-            conversation = Conversation(transcript.read(warn) if going_on else (), transcript)
-            if transcript and not going_on:
+            conversation = Conversation((), transcript)
+            if transcript:
                 transcript.write({"type": "header", "format": TRANSCRIPT_FORMAT, "version": VERSION,
                                   "session_id": session_id, "cwd": str(self.cfg.cwd), "model": self.cfg.model,
                                   "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
-            for message in ([] if going_on else messages) + unanswered(conversation if going_on else messages):
+            for message in messages:
                 conversation.append(message)
         except BaseException:
             if transcript:
@@ -4043,7 +4204,8 @@ class Compactor:
                  usage: Usage | None = None):
         self.model, self.info, self.emit, self.usage = model, info, emit, usage or Usage()
         self.windows: dict[str, int] = {}  # by model: learned from a refusal or the model list
-        self.failures, self.after = 0, 0  # summaries that failed in a row; tokens left by the last compaction
+        self.failures, self.after = 0, 0  # summaries that failed in a row; tokens at the last compaction or failure
+        self.told = False  # that the window cannot hold even the fixed part of the conversation
         self.hook: Callable[[str, str, bool], None] | None = None  # PreCompact and SessionStart hooks: before, after
 
     def size(self, cfg: Config) -> int:
@@ -4071,14 +4233,48 @@ class Compactor:
                               str(refusal)):
             self.windows[cfg.model] = int(found.group(1).replace(",", ""))
 
-    def compact(self, cfg: Config, messages: list[dict], tokens: int, trigger: str = "auto", focus: str = "") -> bool:
+    def compact(self, cfg: Config, messages: list[dict], tokens: int, trigger: str = "auto", focus: str = "",
+                specs: list[dict] = ()) -> bool:
         """Replace the history with the model's summary of it, the user's latest request word for word and the
-        recent tool work that fits a quarter of the window; False when no summary came (twice: never again)."""
-        if self.failures >= 2 or (cfg.compact_at >= 1 and trigger == "auto"):
+        recent tool work that fits a quarter of the window. False when there is no summary: it failed, or (when
+        automatic) one failed and the conversation has not grown a tenth of the window since, or the window cannot
+        hold even the system prompt, the tools and the latest request."""
+        if cfg.compact_at >= 1 and trigger == "auto":
             return False
         if self.hook:
             self.hook(trigger, focus, False)
         window, latest = self.size(cfg), max(i for i, m in enumerate(messages) if m["role"] in ("user", "system"))
+        if trigger == "auto" and self.failures and tokens <= self.after + window // 10:
+            return False  # a failed summary is asked again once the conversation has grown
+        request = content_text(messages[latest]) if latest else ""
+        request = request.partition(LATEST + "\n")[2] if request.startswith(COMPACTED) else request  # not nested
+        fixed = estimate_tokens([messages[0], {"role": "user", "content": request}]) + len(encode({"t": specs})) // 4
+        if fixed + min(window // 10, 16_000) > window:
+            why = "" if self.told else (f"the context window of {window} tokens cannot hold even the system prompt, "
+                                        f"the tools and the latest request (about {fixed} tokens) and room for an "
+                                        "answer: compacting cannot help, so no summary was asked for")
+            self.told = True
+            return self.failed(tokens, why)
+        if not (summary := self.summarise(cfg, messages, window, focus)):
+            return self.failed(tokens, "the conversation could not be summarised; it will be tried again once the "
+                               "conversation has grown by a tenth of the context window")
+        self.failures, self.told, tail = 0, False, messages[latest + 1:]
+        starts = [i for i, m in enumerate(tail) if m["role"] == "assistant"]
+        kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
+        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}"}
+        if isinstance(messages, Conversation):
+            messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
+        messages[1:] = [summary_message, *kept]  # one transcript line: a crash leaves the old or the new, whole
+        if isinstance(messages, Conversation):  # a turn that fails later may drop no more than this
+            messages.compactions, messages.floor = messages.compactions + 1, len(messages)
+        self.after = estimate_tokens(messages)
+        self.emit({"type": "compact_boundary", "trigger": trigger, "tokens_before": tokens, "tokens_after": self.after})
+        if self.hook:
+            self.hook(trigger, focus, True)
+        return True
+
+    def summarise(self, cfg: Config, messages: list[dict], window: int, focus: str) -> str:
+        """The model's summary of a conversation, asked in a request that fits the window; "" when none came."""
         budget = (window - min(window // 10, 16_000)) * 2  # characters: about half of what fits
         ask = SUMMARY_ASK + (f" Focus on: {focus}" if focus else "")
         history = f"<conversation>\n{history_text(messages, budget)}\n</conversation>\n\n{ask}"
@@ -4088,33 +4284,30 @@ class Compactor:
         try:
             reply = self.model(body)
             self.usage.add(reply.get("usage"), cfg.model)
-            summary = content_text(first_choice(reply)["message"]).strip()
+            return content_text(first_choice(reply)["message"]).strip()
         except ApiError as error:
-            summary = ""
             self.emit({"type": "notice", "text": f"the summary request failed: {error}"})
-        if not summary:
-            self.failures += 1
-            self.emit({"type": "notice", "text": "the conversation could not be summarised" + (
-                "; from now on old tool results are cut instead" if self.failures >= 2 else "")})
-            return False
-        self.failures, tail = 0, messages[latest + 1:]
-        starts = [i for i, m in enumerate(tail) if m["role"] == "assistant"]
-        kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
-        request = content_text(messages[latest]) if latest else ""
-        request = request.partition(LATEST + "\n")[2] if request.startswith(COMPACTED) else request  # not nested
-        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}"}
-        if isinstance(messages, Conversation):
-            messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
-        del messages[1:]
-        for message in (summary_message, *kept):
-            messages.append(message)
-        if isinstance(messages, Conversation):  # a turn that fails later may drop no more than this
-            messages.compactions, messages.floor = messages.compactions + 1, len(messages)
-        self.after = estimate_tokens(messages)
-        self.emit({"type": "compact_boundary", "trigger": trigger, "tokens_before": tokens, "tokens_after": self.after})
-        if self.hook:
-            self.hook(trigger, focus, True)
-        return True
+            return ""
+
+    def failed(self, tokens: int, why: str) -> bool:
+        """Note a compaction that did not happen, saying why: the next waits until the conversation has grown."""
+        self.failures, self.after = self.failures + 1, tokens
+        if why:
+            self.emit({"type": "notice", "text": why})
+        return False
+
+    def fit(self, cfg: Config, messages: list[dict], tokens: int, specs: list[dict]) -> None:
+        """Before a request: compact a conversation past the threshold; while that fails, cut its old tool results
+        so that it stays within the threshold all the same."""
+        if self.due(cfg, tokens) and self.compact(cfg, messages, tokens, specs=specs):
+            return
+        if not self.failures:
+            return
+        window, before = self.size(cfg), estimate_tokens(messages)
+        if cut := cut_old_results(messages, int(cfg.compact_at * window) - min(window // 10, 16_000)):
+            self.after -= before - estimate_tokens(messages)  # what was cut is no growth: a summary is asked again
+            self.emit({"type": "notice", "text": f"the conversation is not summarised: {cut} old tool results were "
+                                                 "replaced with a short note to keep it within the context window"})
 
 
 # --- The agent loop -------------------------------------------------------------------------------
@@ -4188,7 +4381,7 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
                 raise
             if compactor:
                 compactor.learn(cfg, refusal)
-            if compactor and compactor.compact(cfg, messages, tokens or estimate_tokens(messages)):
+            if compactor and compactor.compact(cfg, messages, tokens or estimate_tokens(messages), specs=specs):
                 continue
             if not (replaced := shrink(messages)):
                 raise
@@ -4259,6 +4452,8 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
         group = list(group)
         for start in range(0, len(group), BATCH if together else 1):
             batch, started = group[start: start + (BATCH if together else 1)], time.monotonic()
+            if isinstance(messages, Conversation) and not messages.sidechain:  # a resume after a crash tells the model
+                messages.note({"type": "started", "tool_call_ids": [call["id"] for call in batch]})
             for call in batch:
                 emit({"type": "tool_call", "id": call["id"], "name": call["function"]["name"],
                       "arguments": call["function"]["arguments"]})
@@ -4349,8 +4544,8 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
     for turn in itertools.count(1):
         if cfg.max_turns and turn > cfg.max_turns:
             return Outcome("", "error_max_turns", cfg.max_turns)
-        if compactor and compactor.due(cfg, tokens):
-            compactor.compact(cfg, messages, tokens)
+        if compactor:
+            compactor.fit(cfg, messages, tokens, specs)
         response = request_reply(cfg, messages, specs, model, emit, compactor, tokens)
         before = usage.prompt_tokens
         usage.add(response.get("usage"), cfg.model)
@@ -4526,17 +4721,22 @@ class Agent:
         if verdict.block or verdict.stop is not None:
             raise PromptBlocked(f"a UserPromptSubmit hook blocked the prompt: {verdict.block or verdict.stop}")
         invoked, rest = split_invocation(prompt, self.skills)
+        extra = ([f"<stdin>\n{context}\n</stdin>"] if context else []) + \
+            ([PLAN_NOTE] if self.cfg.permission_mode == "plan" else [])
+        mark = len(messages)
+        if any(s.fork for s in invoked):  # saved before a sub-agent runs: a crash meanwhile keeps the prompt
+            messages.append({"role": "user", "content": "\n\n".join([prompt, *extra])})
         parts = [prompt] if not invoked else [
             f"The skill {s.name} ran as a sub-agent and returned:\n{self.fork(render_skill(s, rest))}"
             if s.fork else render_skill(s, rest) for s in invoked
         ]
-        if context:
-            parts.append(f"<stdin>\n{context}\n</stdin>")
-        parts += [f"<hook-context>\n{text}\n</hook-context>" for text in [*self.context, verdict.context] if text]
+        hooked = [f"<hook-context>\n{text}\n</hook-context>" for text in [*self.context, verdict.context] if text]
         self.context = []
-        if self.cfg.permission_mode == "plan":
-            parts.append(PLAN_NOTE)
-        messages.append({"role": "user", "content": "\n\n".join(parts)})
+        request = {"role": "user", "content": "\n\n".join(parts + extra + hooked)}
+        if len(messages) > mark:
+            messages[mark] = request
+        else:
+            messages.append(request)
         return self.run(messages)
 
     def permit(self, tool: str, args: dict, hint: str = "") -> str:
