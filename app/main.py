@@ -1757,6 +1757,66 @@ def tool_skill(ctx: ToolContext, name: str, arguments: str = "") -> str:
     return ctx.fork(body) if skill.fork and ctx.fork else body
 
 
+# --- Custom commands and mentions -----------------------------------------------------------------
+
+
+class Command(NamedTuple):
+    """A custom slash command: a Markdown file in .claude/commands, in Claude Code's format."""
+
+    name: str
+    description: str
+    hint: str  # argument-hint
+    model: str  # the model for this prompt ("" for the session's)
+    allowed: tuple[str, ...]  # allowed-tools: tools that run without a question for this prompt
+    body: str
+
+
+def discover_commands(folders: list[Path]) -> dict[str, Command]:
+    """Custom commands under each folder's .claude/commands (subfolders too), earlier folders winning."""
+    commands: dict[str, Command] = {}
+    for base in folders:
+        for file in sorted((base / ".claude" / "commands").rglob("*.md")):
+            with contextlib.suppress(OSError, ValueError):
+                text = read_small(file, SKILL_LIMIT)
+                fields, body = parse_frontmatter(text) if text.lstrip("\ufeff").startswith("---") else ({}, text)
+                allowed = tuple(re.findall(r"[\w.-]+(?:\([^)]*\))?", fields.get("allowed-tools", "")))
+                commands.setdefault(file.stem, Command(file.stem, fields.get("description") or one_line(body, 60),
+                                                       fields.get("argument-hint", ""), fields.get("model", ""),
+                                                       allowed, body.strip()))
+    return commands
+
+
+def attach_mentions(cwd: Path, text: str) -> str:
+    """Text with each @path it mentions attached: a file's text (its head), a folder's listing."""
+    attached = []
+    for word in dict.fromkeys(re.findall(r"(?<!\S)@(\S+)", text)):
+        for name in dict.fromkeys((word, word.rstrip(".,;:!?)"))):
+            path = Path(cwd, os.path.expanduser(name))
+            with contextlib.suppress(OSError):
+                if path.is_dir():
+                    entries = sorted(entry.name + "/" * entry.is_dir() for entry in os.scandir(path))
+                    body = "\n".join(entries[:LIST_LIMIT] + [f"[{len(entries) - LIST_LIMIT} more]"] *
+                                     (len(entries) > LIST_LIMIT))
+                else:
+                    body = read_small(path, READ_LIMIT, head=True)
+                attached.append(f'<file path="{name}">\n{body}\n</file>')
+                break
+    return "\n\n".join([text, *attached])
+
+
+def render_command(command: Command, arguments: str, cwd: Path, run: Callable[[str], str]) -> str:
+    """A custom command's prompt: $ARGUMENTS and $1... filled in, each !`command`'s output inlined, @files
+    attached."""
+    words = arguments.split()
+    def value(match: re.Match) -> str:
+        number = match.group(1)
+        return arguments if number is None else words[int(number) - 1] if 0 < int(number) <= len(words) else ""
+    body = re.sub(r"\$ARGUMENTS\b|\$(\d+)", value, command.body)
+    if body == command.body and arguments.strip():
+        body += f"\n\nARGUMENTS: {arguments}"
+    return attach_mentions(cwd, re.sub(r"!`([^`\n]+)`", lambda m: run(m.group(1)), body))
+
+
 # --- Project instructions -------------------------------------------------------------------------
 
 
@@ -3277,7 +3337,7 @@ class Usage:
     def line(self) -> str:
         """A one-line summary for stderr."""
         cost = f", ${self.cost:.4f}" if self.cost is not None else ""
-        return (f"{self.requests} requests, {self.prompt_tokens} prompt tokens ({self.cached_tokens} cached, "
+        return (f"{self.requests} request{'s' * (self.requests != 1)}, {self.prompt_tokens} prompt tokens ({self.cached_tokens} cached, "
                 f"{self.cache_write_tokens} cache writes), {self.completion_tokens} completion tokens{cost}")
 
 
@@ -3433,6 +3493,7 @@ class Agent:
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
+        self.commands = discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))  # .claude/commands
         self.scratch, self.servers, self.guard = None, [], None  # a read-only sandbox's private temp folder; the MCP
         self.trust = settle_trust(cfg, ask_trust, self.notice)  # servers; the guarded files of a sandbox. Asked first
         sandbox = self.confine()
@@ -3836,7 +3897,7 @@ class Reporter:
             with contextlib.suppress(ValueError):
                 self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"],
                                      "tool_input": parse_arguments(event["arguments"])})
-        if kind == "tool_result" and (self.cfg.verbose or self.interactive):
+        if kind == "tool_result" and self.cfg.verbose and not self.interactive:  # a session draws its own
             outcome = "error" if event["is_error"] else "ok"
             self.say(f"{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
                      f"{len(event['content'])} chars, {event['seconds']:.2f} s")
@@ -3971,6 +4032,12 @@ def choose_session(args: argparse.Namespace, cfg: Config, stdin: Any,
     return cfg._replace(session_id=session_id), target or None
 
 
+def stopped_message(outcome: Outcome) -> str:
+    """Which limit stopped a prompt, in words."""
+    limit = "--max-turns" if outcome.subtype == "error_max_turns" else "--max-cost"
+    return f"stopped: the {limit} limit was reached after {outcome.turns} turn{'s' * (outcome.turns != 1)}"
+
+
 def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams, started: float,
              resume: Path | None = None, fork: bool = False) -> int:
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
@@ -3984,15 +4051,18 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
                              "permissionMode": mode, "sandbox": cfg.sandbox, "version": VERSION, "uuid": new_uuid()})
     outcome, error, code = None, "", EXIT_OK
     try:
-        outcome = agent.ask(agent.conversation(resume, fork), prompt, context)
+        conversation = agent.conversation(resume, fork)
+        if command := agent.commands.get(prompt.partition(" ")[0][1:]) if prompt.startswith("/") else None:
+            prompt = render_command(command, prompt.partition(" ")[2], cfg.cwd, lambda line: tool_bash(agent.ctx, line))
+            agent.cfg = cfg._replace(model=command.model or cfg.model)
+        outcome = agent.ask(conversation, prompt, context)
     except (AgentError, KeyboardInterrupt, Terminated) as exc:
         code, error = exit_status(exc)
         reporter.say(error)
     finally:
         agent.close()
     if outcome and outcome.subtype != "success":
-        limit = "--max-turns" if outcome.subtype == "error_max_turns" else "--max-cost"
-        error, code = f"stopped: the {limit} limit was reached after {outcome.turns} turns", EXIT_LIMIT
+        error, code = stopped_message(outcome), EXIT_LIMIT
         reporter.say(error)
     if cfg.verbose:
         reporter.say(f"done: {reporter.turns} turns, {agent.usage.line()}")
@@ -4003,31 +4073,522 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     return code
 
 
-SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model [NAME] show or switch the model,
-/cost tokens and cost so far, /compact [FOCUS] summarise the conversation so far,
-/sessions this directory's sessions, /resume go on with one of them, /mcp the MCP servers,
-/trust forget your answer about this folder's .mcp.json servers and outside imports (the next session asks),
-/mode [default|acceptEdits|plan|bypassPermissions] show or set what runs without asking,
-/exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
+# --- Terminal -------------------------------------------------------------------------------------
+# What a session draws: ANSI sequences of solo's own, only on terminals that take them (TERM not dumb, NO_COLOR
+# unset); pipes get the text byte for byte. Its patterns are compiled on first use, so -p starts as before.
+
+SGR = {"bold": "1", "dim": "2", "italic": "3", "under": "4", "red": "31", "green": "32", "yellow": "33",
+       "blue": "34", "magenta": "35", "cyan": "36", "grey": "90"}
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+CHECKPOINT_BYTES = 1 << 20  # a file larger than this is not kept by a checkpoint
+RESULT_LINES = 8  # lines of a tool's output shown under its line: the first and the last
+KEYWORDS = {  # highlighted in fenced code blocks
+    "python": "and as assert async await break class continue def del elif else except False finally for from "
+              "global if import in is lambda None nonlocal not or pass raise return self True try while with yield",
+    "javascript": "async await break case catch class const continue default delete do else export extends false "
+                  "finally for from function if import in instanceof interface let new null of return static super "
+                  "switch this throw true try type typeof undefined var void while yield",
+    "c": "auto bool break case catch char class const continue default delete do double else enum extern false "
+         "final float for if import int long namespace new null nullptr package private protected public return "
+         "short static struct switch template this throw true try typedef union unsigned using void volatile while",
+    "go": "break case chan const continue default defer else false for func go if import interface map nil package "
+          "range return select struct switch true type var",
+    "rust": "as async await break const continue crate else enum false fn for if impl in let loop match mod move "
+            "mut pub ref return self Self static struct trait true type unsafe use where while",
+    "sh": "case do done echo elif else esac exit export fi for function if in local return then until while",
+    "sql": "and as by create delete from group having insert into join left limit not null on or order select set "
+           "table update values where",
+}
+LANGUAGE_NAMES = {"py": "python", "python3": "python", "js": "javascript", "jsx": "javascript", "ts": "javascript",
+                  "tsx": "javascript", "typescript": "javascript", "java": "c", "cpp": "c", "c++": "c", "cs": "c",
+                  "csharp": "c", "kotlin": "c", "swift": "c", "golang": "go", "rs": "rust", "bash": "sh",
+                  "shell": "sh", "zsh": "sh", "console": "sh"}
+
+
+def paint(text: str, *styles: str) -> str:
+    """Text in ANSI styles, reset after."""
+    return f"\033[{';'.join(SGR[s] for s in styles)}m{text}\033[0m" if styles and text else text
+
+
+@functools.cache
+def code_pattern(language: str) -> re.Pattern:
+    """Comments, strings and keywords of a language, as one pattern."""
+    comment = r"#.*" if language in ("python", "sh") else r"--.*" if language == "sql" else r"//.*|/\*.*?\*/"
+    words = "|".join(KEYWORDS[language].split())
+    return re.compile(rf"(?P<comment>{comment})|(?P<string>\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`)"
+                      rf"|(?P<keyword>\b(?:{words})\b)", re.IGNORECASE if language == "sql" else 0)
+
+
+def highlight(line: str, language: str) -> str:
+    """A line of code with its comments grey, strings green and keywords magenta."""
+    language = LANGUAGE_NAMES.get(language, language)
+    if language not in KEYWORDS:
+        return line
+    colours = {"comment": "grey", "string": "green", "keyword": "magenta"}
+    return code_pattern(language).sub(lambda m: paint(m.group(), colours[m.lastgroup]), line)
+
+
+@functools.cache
+def inline_pattern() -> re.Pattern:
+    """Markdown's inline spans: code, bold, italic, links."""
+    return re.compile(r"`([^`]+)`|\*\*(.+?)\*\*|__(.+?)__|(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?!\w)"
+                      r"|(?<!\w)_(?!\s)(.+?)(?<!\s)_(?!\w)|\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def inline(text: str) -> str:
+    """A line's inline Markdown drawn: `code` cyan, **bold**, *italic*, [links](url)."""
+    def span(m: re.Match) -> str:
+        code, bold, bold2, italic, italic2, label, url = m.groups()
+        if code is not None:
+            return paint(code, "cyan")
+        if label is not None:
+            return paint(label, "under") + paint(f" ({url})", "grey")
+        return paint(inline(bold or bold2), "bold") if bold or bold2 else paint(inline(italic or italic2), "italic")
+    return inline_pattern().sub(span, text)
+
+
+def width_of(text: str) -> int:
+    """How many columns a drawn text takes (its escape sequences take none)."""
+    return len(re.sub(r"\033\[[0-9;]*m", "", text))
+
+
+class Markdown:
+    """Markdown drawn for a terminal as it streams: a line once it is complete, a code block or a table once
+    it has ended."""
+
+    def __init__(self, width: int = 80):
+        self.width, self.partial, self.fence, self.code, self.table = width, "", None, [], []
+
+    def feed(self, text: str) -> str:
+        """Take a piece of the text; return what can be drawn now."""
+        *lines, self.partial = (self.partial + text).split("\n")
+        return "".join(self.line(line) for line in lines)
+
+    def finish(self) -> str:
+        """Draw what is left: the last line, an open code block or table."""
+        out = self.line(self.partial) if self.partial else ""
+        out += self.close_code() if self.fence is not None else self.close_table()
+        self.partial = ""
+        return out
+
+    def line(self, line: str) -> str:
+        """One complete line, drawn (or held back in a code block or a table)."""
+        if self.fence is not None:
+            if line.strip().startswith(self.fence[0]):
+                return self.close_code()
+            self.code.append(line)
+            return ""
+        if fence := re.match(r"\s*(```+|~~~+)\s*([\w+#.-]*)", line):
+            self.fence = (fence.group(1), fence.group(2).lower())
+            return self.close_table()
+        if line.lstrip().startswith("|"):
+            self.table.append(line.strip())
+            return ""
+        return self.close_table() + self.block(line) + "\n"
+
+    def block(self, line: str) -> str:
+        """A line that is not code or a table: heading, quote, list item, rule or text."""
+        if heading := re.match(r"(#{1,6})\s+(.*)", line):
+            return paint(inline(heading.group(2)), "bold", *(("under",) if len(heading.group(1)) == 1 else ()))
+        if quote := re.match(r"\s*>\s?(.*)", line):
+            return paint("│ ", "grey") + paint(inline(quote.group(1)), "italic")
+        if re.fullmatch(r"\s*([-*_])(\s*\1){2,}\s*", line):
+            return paint("─" * min(self.width, 80), "grey")
+        if item := re.match(r"(\s*)[-*+]\s+(.*)", line):
+            return f"{item.group(1)}• {inline(item.group(2))}"
+        return inline(line)
+
+    def close_code(self) -> str:
+        """A fenced code block, framed, its lines highlighted."""
+        fence, self.fence, lines, self.code = self.fence, None, self.code, []
+        top = paint(f"╭─ {fence[1]} " if fence[1] else "╭─", "grey")
+        body = "".join(paint("│ ", "grey") + highlight(line, fence[1]) + "\n" for line in lines)
+        return f"{top}\n{body}{paint('╰─', 'grey')}\n"
+
+    def close_table(self) -> str:
+        """A table held back, its columns aligned."""
+        rows, self.table = self.table, []
+        cells = [[inline(c.strip()) for c in row.strip("|").split("|")] for row in rows]
+        rules = [bool(re.fullmatch(r"[|:\s-]+", row)) for row in rows]
+        widths = [max((width_of(r[i]) for r, rule in zip(cells, rules) if i < len(r) and not rule), default=1)
+                  for i in range(max(map(len, cells), default=0))]
+        return "".join(paint("─┼─".join("─" * w for w in widths), "grey") + "\n" if rule else paint(" │ ", "grey").join(
+            c + " " * (w - width_of(c)) for c, w in zip(row + [""] * len(widths), widths)).rstrip() + "\n"
+            for row, rule in zip(cells, rules))
+
+
+def diff_rows(old: str, new: str) -> list[str]:
+    """A change's hunks with line numbers: '  12 -was', '  12 +now', '  13  same'."""
+    import difflib  # only when a change is shown: it costs start-up time
+    rows, at = [], [0, 0]
+    for line in list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1))[2:]:
+        if hunk := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", line):
+            at = [int(hunk.group(1)) or 1, int(hunk.group(2)) or 1]
+            rows.append(line)
+            continue
+        side = 0 if line[:1] == "-" else 1
+        rows.append(f"{at[side]:4} {line}")
+        at = [at[0] + (line[:1] != "+"), at[1] + (line[:1] != "-")]
+    return rows
+
+
+def shown_diff(path: str, old: str | None, new: str) -> str:
+    """A change as the user sees it: '--- +++' header, numbered rows bounded at DIFF_LINES, control characters
+    shown escaped."""
+    rows = diff_rows(old or "", new)
+    more = [f"[... {len(rows) - DIFF_LINES} more lines of the change not shown]"] if len(rows) > DIFF_LINES else []
+    return visible("\n".join([f"--- {'/dev/null' if old is None else path}", f"+++ {path}", *rows[:DIFF_LINES],
+                              *more]))
+
+
+def coloured_diff(text: str) -> str:
+    """A shown diff with removed rows red and added rows green."""
+    def row(line: str) -> str:
+        sign = line[5:6] if re.match(r"\s*\d+ [-+]", line) else ""
+        return paint(line, "red") if sign == "-" else paint(line, "green") if sign == "+" else \
+            paint(line, "grey") if line.startswith(("---", "+++", "@@", "[...")) else line
+    return "\n".join(map(row, text.split("\n")))
+
+
+def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
+    """The file a Write or Edit names, whether it exists, and its bytes (None when unreadable or too large)."""
+    path = Path(cwd, os.path.expanduser(str(args.get("file_path", ""))))
+    with contextlib.suppress(OSError):
+        if path.is_file() and path.stat().st_size <= CHECKPOINT_BYTES:
+            return path, True, path.read_bytes()
+    return path, path.exists(), None
+
+
+def call_label(name: str, args: dict) -> str:
+    """A tool call in a few words: Bash(npm test), Read(app/main.py)."""
+    main = next((args[k] for k in ("command", "file_path", "pattern", "url", "name") if isinstance(args.get(k), str)),
+                json.dumps(args, ensure_ascii=False) if args else "")
+    return f"{name}({visible(one_line(main, 80))})"
+
+
+def result_summary(name: str, args: dict, content: str) -> list[str]:
+    """A few lines saying what a call gave: output's first and last lines, an error, a Read's range, a count."""
+    lines = re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).split("\n")
+    if content.startswith("Error:") or name not in ("Bash", "Read", "Grep", "Glob"):
+        lines = lines if content.startswith("Error:") else lines[:1]
+    elif name == "Read":
+        count = sum(1 for line in lines if not line.startswith("[Showing"))
+        first = int(args.get("offset") or 1)
+        return [f"read lines {first}-{first + count - 1}" if count > 1 else content[:80]]
+    elif name in ("Grep", "Glob"):
+        found = [line for line in lines if line and not line.startswith(("[", "No matches", "No files"))]
+        return [f"{len(found)} {'line' if name == 'Grep' else 'file'}{'s' * (len(found) != 1)}" if found else lines[0]]
+    if len(lines) > RESULT_LINES:
+        half = RESULT_LINES // 2
+        lines = [*lines[:half], f"… +{len(lines) - RESULT_LINES} lines", *lines[-half:]]
+    return [visible(one_line(line, 200)) for line in lines]
+
+
+class Display(Reporter):
+    """A session's screen: each tool call's line when it starts and its result when done, every file change's
+    diff, answers drawn as Markdown as they stream, and a status line while the model works."""
+
+    def __init__(self, cfg: Config, streams: Streams, env: dict[str, str]):
+        fancy = env.get("TERM", "dumb") not in ("", "dumb") and "NO_COLOR" not in env
+        super().__init__(cfg, streams, interactive=True, fancy=fancy)
+        width = 80
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            width = os.get_terminal_size(streams.stderr.fileno()).columns
+        self.width, self.lock = width or 80, threading.RLock()
+        self.markdown = Markdown(width) if fancy and is_terminal(streams.stdout) else None
+        self.activity, self.since, self.status = "", 0.0, False  # what the status line shows, since when, if shown
+        self.tokens = self.chars = 0  # completion tokens of this session's replies; characters of the one coming
+        self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
+        self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
+
+    def paint(self, text: str, *styles: str) -> str:
+        """Text in styles, on a terminal that shows them."""
+        return paint(text, *styles) if self.fancy else text
+
+    def show(self, text: str) -> None:
+        """Lines on stderr, above the status line."""
+        with self.lock, contextlib.suppress(OSError):
+            self.clear()
+            self.end_line()
+            self.streams.stderr.write(text + "\n")
+            self.streams.stderr.flush()
+            self.draw()
+
+    def say(self, text: str) -> None:
+        """A note on stderr, above the status line."""
+        with self.lock:
+            self.clear()
+            super().say(text)
+            self.draw()
+
+    def thinking(self, on: bool) -> None:
+        """The status line says what happens instead."""
+
+    def clear(self) -> None:
+        """Take the status line off the screen."""
+        if self.status:
+            self.streams.stderr.write("\r\033[K")
+            self.streams.stderr.flush()
+            self.status = False
+
+    def draw(self) -> None:
+        """Draw the status line: spinner, what runs, seconds, tokens, how to stop it."""
+        if not self.fancy or not self.activity:
+            return
+        with self.lock, contextlib.suppress(OSError):
+            seconds = time.monotonic() - self.since
+            tokens = self.tokens + self.chars // 4
+            text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {self.activity} {seconds:.0f}s · {tokens} tokens"
+                    f" · esc to interrupt")
+            self.streams.stderr.write("\r\033[K" + self.paint(text[:self.width - 1], "grey"))
+            self.streams.stderr.flush()
+            self.status = True
+
+    def working(self, activity: str, since: float | None = None) -> None:
+        """Say on the status line what is happening now ("" when nothing is)."""
+        with self.lock:
+            self.activity, self.since = activity, time.monotonic() if since is None else since
+            self.clear() if not activity else self.draw()
+
+    @contextlib.contextmanager
+    def question(self) -> Iterator[None]:
+        """While the user answers: no status line, and the time is not counted as a tool's."""
+        activity, since, started = self.activity, self.since, time.monotonic()
+        self.working("")
+        try:
+            yield
+        finally:
+            self.asked += time.monotonic() - started
+            self.working(activity, since + time.monotonic() - started) if activity else None
+
+    def __call__(self, event: dict) -> None:
+        """Take one event, drawing tool calls and the end of a reply."""
+        with self.lock:
+            kind = event["type"]
+            if kind == "assistant":
+                self.tokens += int((event.get("usage") or {}).get("completion_tokens") or 0) or self.chars // 4
+                self.chars = 0
+                if self.markdown and (rest := self.markdown.finish()):
+                    self.write(rest)
+            elif kind == "tool_call":
+                self.start_call(event)
+            elif kind == "tool_result":
+                self.end_call(event)
+            elif kind == "request":
+                self.working("thinking")
+            super().__call__(event)
+
+    def write(self, text: str) -> None:
+        """Drawn answer text on stdout, above the status line."""
+        with self.lock, contextlib.suppress(OSError):
+            self.clear()
+            self.streams.stdout.write(text)
+            self.streams.stdout.flush()
+            self.draw()
+
+    def delta(self, delta: dict) -> None:
+        """A piece of the answer: drawn as Markdown line by line on a terminal, as it comes elsewhere."""
+        text = delta.get("content")
+        if isinstance(text, str):
+            self.chars += len(text)
+        if not self.markdown or not isinstance(text, str) or not text:
+            with self.lock:
+                self.clear()
+                return super().delta(delta)
+        self.streamed = True
+        if drawn := self.markdown.feed(for_terminal(text, self.streams.stdout)):
+            self.write(drawn)
+
+    def answer(self, text: str) -> None:
+        """A whole answer, drawn as Markdown on a terminal."""
+        if not self.markdown:
+            return super().answer(text)
+        self.write(Markdown(self.width).feed(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout) + "\n"))
+
+    def end_turn(self) -> None:
+        """The turn is over (or cancelled): no status line, no half-drawn answer or running call."""
+        self.working("")
+        self.calls.clear()
+        self.markdown = self.markdown and Markdown(self.width)
+
+    def start_call(self, event: dict) -> None:
+        """A tool call's line, as it starts; a file's content before a change, for its diff."""
+        try:
+            args = parse_arguments(event["arguments"])
+        except ValueError:
+            args = {}
+        label, before = call_label(event["name"], args), (False, None)
+        if event["name"] in ("Write", "Edit"):
+            before = file_before(self.cfg.cwd, args)[1:]
+        self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
+        self.show(self.paint("● ", "green") + self.paint(label, "bold"))
+        self.shown = event["id"]
+        self.working(label)
+
+    def end_call(self, event: dict) -> None:
+        """A tool call's result in a few lines (a file change as its diff, unless asked about), and its time."""
+        label, started, asked, before, args = self.calls.pop(event["id"], ("?", time.monotonic(), self.asked,
+                                                                          (False, None), {}))
+        seconds = time.monotonic() - started - (self.asked - asked)
+        content, name, error = event["content"], event["name"], event["is_error"]
+        self.last = f"{label}\n{content}"
+        rows = result_summary(name, args, content)
+        if name in ("Write", "Edit") and not error:
+            (existed, old), after, path = before, file_before(self.cfg.cwd, args)[2], str(args.get("file_path"))
+            rows = [f"{'changed' if existed else 'created'} {visible(path)}"]
+            if asked == self.asked and (old is not None or not existed) and after is not None:  # not asked: shown now
+                diff = shown_diff(path, old.decode(errors="replace") if existed else None, after.decode(errors="replace"))
+                rows += (coloured_diff(diff) if self.fancy else diff).split("\n")
+        head = "" if self.shown == event["id"] else self.paint("● ", "green") + self.paint(label, "bold") + "\n"
+        rows[0] += self.paint(f" ({seconds:.1f} s)", "grey")
+        rows = [self.paint(row, "red") if error else row for row in rows]
+        self.show(head + "\n".join(("  ⎿ " if i == 0 else "    ") + row for i, row in enumerate(rows)))
+        self.shown = event["id"]
+        if not self.calls:
+            self.working("thinking")
+
+
+class Keys:
+    """The terminal during a turn: no echo or line editing; a thread reads keys, Esc interrupts like Ctrl-C,
+    other keys are kept for the next prompt, and the status line is redrawn as time passes."""
+
+    def __init__(self, fd: int | None, tick: Callable[[], None]):
+        self.fd, self.tick, self.kept, self.thread, self.saved = fd, tick, "", None, None
+        self.wake = os.pipe() if fd is not None else (-1, -1)
+
+    def start(self) -> None:
+        """Take the terminal (Ctrl-C still sends SIGINT) and start reading it."""
+        import termios
+        if self.fd is None or self.thread:
+            return
+        with contextlib.suppress(termios.error):
+            self.saved = termios.tcgetattr(self.fd)
+            mode = termios.tcgetattr(self.fd)
+            mode[3] &= ~(termios.ICANON | termios.ECHO)
+            termios.tcsetattr(self.fd, termios.TCSANOW, mode)
+        self.thread = threading.Thread(target=self.read, args=(threading.main_thread().ident,), daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop reading and give the terminal back as it was."""
+        import termios
+        if not self.thread:
+            return
+        os.write(self.wake[1], b".")
+        self.thread.join()
+        os.read(self.wake[0], 1)
+        self.thread = None
+        with contextlib.suppress(termios.error):
+            termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Read keys for the time of a block (a turn)."""
+        self.start()
+        try:
+            yield
+        finally:
+            self.stop()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The terminal as it was for the time of a block (a question during a turn)."""
+        running = self.thread is not None
+        self.stop()
+        try:
+            yield
+        finally:
+            if running:
+                self.start()
+
+    def read(self, main: int) -> None:
+        """Read keys until woken: a lone Esc interrupts the main thread, text is kept, other keys are dropped."""
+        while True:
+            ready = select.select([self.fd, self.wake[0]], [], [], 0.1)[0]
+            if not ready:
+                self.tick()
+                continue
+            if not (data := "" if self.wake[0] in ready else os.read(self.fd, 1024).decode(errors="ignore")):
+                return
+            if data == "\x1b" and not select.select([self.fd], [], [], 0.05)[0]:
+                signal.pthread_kill(main, signal.SIGINT)
+                continue
+            for key in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL):
+                self.kept = self.kept[:-1] if key in ("\x7f", "\b") else "" if key == "\x15" else \
+                    self.kept + key if len(key) == 1 and key.isprintable() else self.kept
+
+
+# --- Session --------------------------------------------------------------------------------------
+
+
+SESSION_COMMANDS = {  # the session's own commands, for /help, Tab and "did you mean"
+    "/help": "this table", "/clear": "start a new conversation", "/model [NAME]": "show or switch the model",
+    "/cost": "requests, tokens and cost so far", "/compact [FOCUS]": "summarise the conversation so far",
+    "/init": "ask the model to write or improve CLAUDE.md for this project",
+    "/rewind": "go back to before an earlier prompt: conversation, files or both (Esc Esc)",
+    "/expand": "the last tool result whole, in a pager (Ctrl-O)",
+    "/sessions": "this directory's sessions", "/resume": "go on with one of them", "/mcp": "the MCP servers",
+    "/trust": "forget your answer about this folder's .mcp.json servers and outside imports",
+    "/mode [MODE]": "show or set what runs without asking: " + ", ".join(PERMISSION_MODES), "/exit": "leave (Ctrl-D)",
+}
+SESSION_KEYS = {
+    "!command": "run a command; its output goes with your next prompt", "#text": "add a line to ./CLAUDE.md",
+    "@path": "attach a file or a folder's listing", "Tab": "complete /commands and @paths",
+    "\\ at the end, Esc Enter": "a new line in the prompt", "Ctrl-R": "search earlier prompts",
+    "Esc, Ctrl-C": "interrupt a turn", "Ctrl-C": "clear the line; at an empty prompt twice: leave",
+}
+INIT_PROMPT = ("Please analyse this codebase and write a CLAUDE.md file in the working directory (or improve the "
+               "existing one) for future agents working here: the commands to build, test and lint (and to run one "
+               "test), and the architecture that takes reading several files to see. Keep it short; no generic "
+               "advice.")
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
+MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
 
 
 def describe_call(cwd: Path, tool: str, args: dict) -> str:
-    """What a call will do, shown whole before the user allows it: every line of a command, a file change's diff."""
+    """What a call will do, shown whole before the user allows it: every line of a command; for a file change,
+    "create" or "change", the path and the diff."""
     if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
         text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
         blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
         return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
-    import difflib  # only when asking: it costs start-up time
     path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
+    _, exists, data = file_before(cwd, args)
+    text = data.decode(errors="replace") if data is not None else None
     if tool == "Write":
-        target, new = Path(cwd, os.path.expanduser(path)), str(args.get("content", ""))
-        with contextlib.suppress(OSError):
-            old = read_small(target)
-    diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1))[2:]
-    more = [f"[... {len(diff) - DIFF_LINES} more lines of the change not shown]"] if len(diff) > DIFF_LINES else []
+        old, new = text or "", str(args.get("content", ""))
+    elif text is not None and old and old in text:
+        old, new = text, text.replace(old, new, -1 if args.get("replace_all") is True else 1)
     every = " (every occurrence)" if args.get("replace_all") is True else ""
-    return visible(path) + every + "\n" + visible("\n".join(diff[:DIFF_LINES] + more))
+    return f"{'change' if exists else 'create'} {visible(path)}{every}\n{shown_diff(path, old if exists else None, new)}"
+
+
+def session_preview(path: Path) -> tuple[str, str, bool]:
+    """A transcript's first and last prompt, and whether it ended without an answer (a failed run)."""
+    first = last = role = ""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        for line in f:
+            if line.startswith(b'{"role": '):
+                with contextlib.suppress(ValueError, AttributeError):
+                    message = json.loads(line)
+                    role = message.get("role")
+                    if role == "user":
+                        last = one_line(content_text(message), 60)
+                        first = first or last
+    return first, last, role != "assistant"
+
+
+def read_checkpoints(path: Path) -> list[dict]:
+    """The checkpoints a transcript keeps for the prompts still in its conversation."""
+    kept: list[dict] = []
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        for line in f:
+            if line.startswith((b'{"type": "checkpoint"', b'{"type": "truncate"')):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    entry = json.loads(line)
+                    kept = [c for c in kept if c["prompt"] < entry["keep"]] if entry["type"] == "truncate" else \
+                        kept + [entry]
+    return kept
 
 
 class Session:
@@ -4037,9 +4598,72 @@ class Session:
                  fork: bool = False):
         if not is_terminal(streams.stderr):  # its prompts and questions would go where the user cannot see them
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
-        self.streams, self.always, self.resume = streams, set(), (resume, fork)
-        self.reporter = Reporter(cfg, streams, interactive=True, fancy=env.get("TERM", "dumb") not in ("", "dumb"))
-        self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm, ask_trust=self.ask_trust)
+        self.streams, self.always, self.resume, self.env = streams, set(), (resume, fork), env
+        self.reporter = self.display = Display(cfg, streams, env)
+        self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)
+        self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display.draw)
+        self.checkpoints: list[dict] = []  # the files Write and Edit changed, as they were before each prompt
+        self.pending: list[str] = []  # `!command` outputs that go with the next prompt
+        self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
+
+    def event(self, event: dict) -> None:
+        """An event of the agent's, shown; before a Write or Edit, the file as it was is kept (a checkpoint)."""
+        if event["type"] == "tool_call" and event["name"] in ("Write", "Edit"):
+            with contextlib.suppress(ValueError):
+                self.checkpoint(parse_arguments(event["arguments"]))
+        self.display(event)
+
+    def checkpoint(self, args: dict) -> None:
+        """Keep a file as it was before this prompt's first change to it, in the transcript too."""
+        path, exists, data = file_before(self.agent.cfg.cwd, args)
+        entry = {"type": "checkpoint", "prompt": self.mark, "path": os.path.abspath(path)}
+        if any(c["prompt"] == self.mark and c["path"] == entry["path"] for c in self.checkpoints):
+            return
+        if not exists or data is None:
+            entry["missing" if not exists else "skipped"] = True
+        else:
+            try:
+                entry["text"] = data.decode()
+            except UnicodeDecodeError:
+                entry["latin1"] = data.decode("latin-1")
+        self.checkpoints.append(entry)
+        self.messages.note(entry)
+
+    def setup_readline(self) -> None:
+        """Tab completion, key bindings, and this project's prompt history (kept 0600 in SOLO_HOME)."""
+        import readline
+        readline.set_completer_delims(" \t\n")
+        readline.set_completer(self.complete)
+        for binding in ("tab: complete", r'"\e\C-m": "\C-v\C-j"', r'"\e\e": "\C-e\C-v\C-_rewind\C-m"',
+                        r'"\C-o": "\C-e\C-v\C-_expand\C-m"'):
+            readline.parse_and_bind(binding)
+        folder = Sessions(self.agent.cfg).folder
+        if folder and self.agent.cfg.persist:
+            with contextlib.suppress(OSError):
+                private_folder(folder)
+                os.close(os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+                readline.clear_history()
+                readline.read_history_file(folder / "history")
+                self.history = folder / "history"
+
+    def complete(self, text: str, state: int) -> str | None:
+        """Tab: commands after a '/' that starts the line, paths after '@'."""
+        import readline
+        found: list[str] = []
+        if text.startswith("/") and readline.get_begidx() == 0:
+            found = [name for name in self.command_names() if name.startswith(text)]
+        elif text.startswith("@"):
+            folder, _, start = text[1:].rpartition("/")
+            with contextlib.suppress(OSError):
+                entries = os.scandir(Path(self.agent.cfg.cwd, os.path.expanduser(folder or ".")))
+                found = sorted(f"@{folder}{'/' if folder else ''}{e.name}{'/' * e.is_dir()}" for e in entries
+                               if e.name.startswith(start) and (start[:1] == "." or e.name[:1] != "."))
+        return found[state] if state < len(found) else None
+
+    def command_names(self) -> list[str]:
+        """Every /name the session knows: its own, custom commands, skills."""
+        return [name.split()[0] for name in SESSION_COMMANDS] + [f"/{name}" for name in (
+            *self.agent.commands, *self.agent.skills)]
 
     def read_line(self, prompt: str, *, history: bool = True) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
@@ -4049,23 +4673,40 @@ class Session:
         os.dup2(2, 1)
         # readline's select() sleeps through a Ctrl-C that lands just before it starts: a tick wakes it to see it
         signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
+        prefill, self.prefill = self.prefill, ""
+        readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()) if prefill else None)
         try:
-            line = input(prompt)
+            with self.display.question(), self.keys.paused():
+                line = input(prompt)
         finally:
+            readline.set_pre_input_hook(None)
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, alarm)
             os.dup2(saved, 1)
             os.close(saved)
-        if not history and line.strip():
+        if (not history or MARK in line) and line.strip():
             readline.remove_history_item(readline.get_current_history_length() - 1)
+        elif self.history and line.strip():
+            with contextlib.suppress(OSError):
+                readline.append_history_file(1, self.history)
         return line
 
     def read_prompt(self) -> str:
-        """The next prompt; a paste of several lines is one prompt."""
+        """The next prompt: a paste of several lines is one prompt, a line ending in a backslash goes on; a key
+        bound to an action (Esc Esc, Ctrl-O) gives its command."""
+        self.prefill, self.keys.kept = self.prefill or self.keys.kept, ""
         lines = [self.read_line("> ")]
+        if MARK in lines[0]:
+            text, _, action = lines[0].rpartition(MARK)
+            if self.display.fancy:
+                self.streams.stderr.write("\033[A\r\033[K")  # the bound key's text is not left on the screen
+            self.prefill = text if action == "expand" else ""
+            return f"/{action}" if action == "expand" or not text.strip() else ""
         with contextlib.suppress(EOFError):
-            while select.select([self.streams.stdin], [], [], 0.05)[0]:  # the rest of a paste is already here
-                lines.append(self.read_line(""))
+            # a line ending in a backslash goes on; the rest of a paste is already here
+            while (more := lines[-1].endswith("\\")) or select.select([self.streams.stdin], [], [], 0.05)[0]:
+                lines[-1] = lines[-1][:-1] if more else lines[-1]
+                lines.append(self.read_line("… " if more else ""))
         return "\n".join(lines).strip()
 
     def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
@@ -4091,7 +4732,12 @@ class Session:
         if running := orphans(self.agent.spawner.pids):  # they could type into this terminal or redraw it
             self.reporter.say("still running from earlier commands:\n" + "\n".join(
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
-        self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to change {what}")
+        if tool == "Bash":
+            self.reporter.say(f"{tool} wants to run:\n{what}")
+        else:
+            head, _, diff = what.partition("\n")
+            self.reporter.say(f"{tool} wants to {head}")
+            self.display.show(coloured_diff(diff) if self.display.fancy else diff)
         answer = self.choose(f"Allow {tool}? [y/n/a] ", "Please answer y (yes), n (no) or a (always, for this tool): ",
                              ("y", "yes", "n", "no", "a", "always"))
         if answer == "a":
@@ -4106,58 +4752,186 @@ class Session:
         return answer == "y" if answer else None
 
     def command(self, line: str) -> bool:
-        """Handle a /command; False when the line is not one."""
+        """Handle a /command, a !command or a #note; False when the line is a prompt."""
         word, _, rest = line.partition(" ")
-        messages, agent = self.messages, self.agent
-        if word == "/help":
-            self.reporter.say(SESSION_HELP)
+        messages, agent, say = self.messages, self.agent, self.reporter.say
+        if line.startswith("!"):
+            self.run_command(line[1:].strip())
+        elif line.startswith("#"):
+            self.remember(line[1:].strip())
+        elif word == "/help":
+            self.help()
         elif word == "/clear":
             del messages[1:]
-            self.reporter.say("started a new conversation")
+            say("started a new conversation")
         elif word == "/cost":
-            self.reporter.say(agent.usage.line())
+            say(agent.usage.line())
         elif word == "/model":
             if rest.strip():
                 agent.cfg = agent.cfg._replace(model=rest.strip())
                 messages.note({"type": "model", "model": agent.cfg.model})
-            self.reporter.say(f"model: {agent.cfg.model}")
+            say(f"model: {agent.cfg.model}")
         elif word == "/compact":
             if not agent.compactor.compact(agent.cfg, messages, estimate_tokens(messages), "manual", rest.strip()):
-                self.reporter.say("the conversation was not compacted")
+                say("the conversation was not compacted")
         elif word == "/mode":
             if rest.strip() not in (*PERMISSION_MODES, ""):
                 raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
             agent.cfg = agent.cfg._replace(permission_mode=rest.strip() or agent.cfg.permission_mode)
-            self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
+            say(f"permission mode: {agent.cfg.permission_mode}")
         elif word == "/mcp":
             for server in agent.servers or []:
                 count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
                 why = f" ({server.error})" if server.error else ""
-                self.reporter.say(f"{server.name}: {server.state}{why}, {count} tools")
+                say(f"{server.name}: {server.state}{why}, {count} tools")
             for name in agent.trust.skipped:
-                self.reporter.say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
+                say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
             if not agent.servers and not agent.trust.skipped:
-                self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
+                say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/trust":
             forget(agent.cfg.solo_home, agent.cfg.cwd)
-            self.reporter.say("forgot your answers about this folder's .mcp.json servers and CLAUDE.md imports: "
-                              "the next session here asks again")
+            say("forgot your answers about this folder's .mcp.json servers and CLAUDE.md imports: "
+                "the next session here asks again")
         elif word == "/sessions":
             sessions = Sessions(agent.cfg)
             for path in itertools.islice(sessions.recent(), 10):
-                self.reporter.say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
+                say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
         elif word == "/resume":
             self.resume_picked()
+        elif word == "/rewind":
+            self.rewind()
+        elif word == "/expand":
+            self.expand()
+        elif re.fullmatch(r"/[\w.:-]+", word) and word not in self.command_names():
+            import difflib
+            close = difflib.get_close_matches(word, self.command_names(), n=3, cutoff=0.6)
+            say(f"unknown command {word}: " + (f"did you mean {' or '.join(close)}?" if close else "/help lists them"))
         else:
             return False
         return True
 
+    def help(self) -> None:
+        """The commands and keys, as a table."""
+        commands = {**SESSION_COMMANDS, **{f"/{c.name} {c.hint}".strip(): c.description
+                                           for c in self.agent.commands.values()},
+                    **{f"/{s.name}": one_line(s.description, 70) for s in self.agent.skills.values()}}
+        width = max(map(len, [*commands, *SESSION_KEYS]))
+        rows = [f"  {self.display.paint(name.ljust(width), 'bold')}  {what}" for name, what in commands.items()]
+        keys = [f"  {self.display.paint(name.ljust(width), 'bold')}  {what}" for name, what in SESSION_KEYS.items()]
+        self.display.show("\n".join(["Commands:", *rows, "Keys:", *keys]))
+
+    def run_command(self, command: str) -> None:
+        """Run the user's own command (in the sandbox, if any); show its output and keep it for the next prompt."""
+        with self.keys.reading():
+            self.display.working(f"!{visible(one_line(command, 60))}")
+            try:
+                output = tool_bash(self.agent.ctx, command)
+            finally:
+                self.display.working("")
+        self.display.show(visible(output))
+        self.pending.append(f"I ran this command myself:\n$ {command}\n{output}")
+
+    def remember(self, text: str) -> None:
+        """Add a line to the project's CLAUDE.md, if the user says so."""
+        path = self.agent.cfg.cwd / "CLAUDE.md"
+        if not text or self.choose(f"Add {text!r} to {path}? [y/n] ", "Please answer y (yes) or n (no): ",
+                                   ("y", "yes", "n", "no")) != "y":
+            return
+        old = read_small(path) if path.exists() else ""
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(("\n" if old and not old.endswith("\n") else "") + text + "\n")
+        self.reporter.say(f"added to {path}; it is read at the start of the next session")
+
+    def expand(self) -> None:
+        """The last tool result whole, through the pager ($PAGER, or less)."""
+        if not self.display.last:
+            return self.reporter.say("no tool has run yet")
+        import shlex
+        try:
+            subprocess.run(shlex.split(self.env.get("PAGER") or "less -R"), input=visible(self.display.last).encode(),
+                           stdout=self.streams.stderr.fileno(), check=False)
+        except (OSError, ValueError):
+            self.display.show(visible(self.display.last))
+
+    def prompt_for(self, line: str) -> tuple[str, Command | None]:
+        """What a line sends: /init's request or a custom command's text, @paths attached, after the output of
+        `!commands` run since the last prompt; and the custom command."""
+        word, _, rest = line.partition(" ")
+        command = self.agent.commands.get(word[1:]) if word.startswith("/") else None
+        if command:
+            line = render_command(command, rest, self.agent.cfg.cwd, self.inline_command)
+        else:
+            line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
+        prompt, self.pending = "\n\n".join([*self.pending, line]), []
+        return prompt, command
+
+    def inline_command(self, command: str) -> str:
+        """A custom command's !`command`, run if allowed (the permission question), its output."""
+        why = self.agent.permit("Bash", {"command": command})
+        return f"[{command} was not run: {why}]" if why else tool_bash(self.agent.ctx, command)
+
+    def rewind(self) -> None:
+        """Go back to before an earlier prompt: the conversation, the files Write and Edit changed, or both."""
+        prompts = [(i, m) for i, m in enumerate(self.messages) if m.get("role") == "user"][-9:]
+        if not prompts:
+            raise UsageError("there is no prompt to go back to")
+        for number, (index, message) in enumerate(prompts, start=1):
+            files = {c["path"] for c in self.checkpoints if c["prompt"] >= index}
+            changed = f"  [{len(files)} file{'s' * (len(files) != 1)} changed since]" if files else ""
+            self.reporter.say(f"{number}. {visible(one_line(content_text(message), 70))}{changed}")
+        answer = self.read_line(f"Go back to before which prompt (1-{len(prompts)})? ", history=False).strip()
+        if not answer.isdigit() or not 1 <= int(answer) <= len(prompts):
+            raise UsageError("nothing was changed")
+        index, message = prompts[int(answer) - 1]
+        what = self.choose("Restore the conversation (c), the files (f) or both (b)? ",
+                           "Please answer c (conversation), f (files) or b (both): ", ("c", "f", "b"))
+        if what in ("f", "b"):
+            self.restore(index)
+        if what in ("c", "b"):
+            del self.messages[index:]
+            self.checkpoints = [c for c in self.checkpoints if c["prompt"] < index]
+            self.prefill = content_text(message)
+            self.reporter.say(f"the conversation is back to before prompt {answer}, which you can edit and send")
+
+    def restore(self, index: int) -> None:
+        """Put back the files Write and Edit changed since prompt `index`, as they were before it."""
+        kept: dict[str, dict] = {}
+        for checkpoint in self.checkpoints:
+            if checkpoint["prompt"] >= index:
+                kept.setdefault(checkpoint["path"], checkpoint)
+        done, skipped = [], [path for path, c in kept.items() if c.get("skipped")]
+        for path, checkpoint in kept.items():
+            with contextlib.suppress(OSError):
+                if checkpoint.get("missing"):
+                    Path(path).unlink(missing_ok=True)
+                elif not checkpoint.get("skipped"):
+                    data = checkpoint["text"].encode() if "text" in checkpoint else checkpoint["latin1"].encode("latin-1")
+                    replace_file(Path(path), data, stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None)
+                done.append(path)
+        self.reporter.say(f"restored {len(done)} file{'s' * (len(done) != 1)}" + "".join(f"\n  {visible(p)}" for p in done) +
+                          (f"\nnot kept (larger than {CHECKPOINT_BYTES} bytes): {', '.join(skipped)}" if skipped else "") +
+                          "\nfiles changed by commands (Bash) are not tracked, and were not restored")
+
     def resume_picked(self) -> None:
-        """Go on with a session the user picks; on any failure the current one goes on as it was."""
-        path = pick_session(Sessions(self.agent.cfg), self.reporter.say, lambda q: self.read_line(q, history=False))
-        current, messages = self.agent.cfg.session_id, self.messages
-        if path.stem == current:
-            raise UsageError("that is this session")
+        """Go on with a session the user picks (not this one; failed runs last; words filter the list); on any
+        failure the current one goes on as it was."""
+        sessions, current, words = Sessions(self.agent.cfg), self.agent.cfg.session_id, ""
+        found = [(path, *session_preview(path)) for path in sessions.recent(asked=True) if path.stem != current]
+        found.sort(key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
+        while True:
+            shown = [row for row in found if words.lower() in f"{row[1]} {row[2]}".lower()][:10]
+            if not shown:
+                raise UsageError("no other session here" + (f" mentions {words!r}" if words else ""))
+            for number, (path, first, last, failed) in enumerate(shown, start=1):
+                self.reporter.say(f"{number:2}. {sessions.describe(path)}" + (f" … {last}" if last != first else "") +
+                                  (" (ended without an answer)" if failed else ""))
+            answer = self.read_line(f"Resume which (1-{len(shown)}, or words to filter)? ", history=False).strip()
+            if not answer:
+                raise UsageError("no session was chosen")
+            if answer.isdigit() and 1 <= int(answer) <= len(shown):
+                break
+            words = answer
+        path, messages = shown[int(answer) - 1][0], self.messages
         self.agent.use_session(path.stem)
         try:
             self.messages = self.agent.conversation(path)
@@ -4166,7 +4940,18 @@ class Session:
             raise
         if messages.transcript:
             messages.transcript.close()
+        self.resumed(path)
+
+    def resumed(self, path: Path) -> None:
+        """Say which session goes on, with its last exchange; take its checkpoints."""
+        self.checkpoints = read_checkpoints(path) if self.messages.transcript else []
         self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
+        prompt = next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
+        answer = next((m for m in reversed(self.messages) if m.get("role") == "assistant" and content_text(m)), None)
+        if prompt:
+            self.display.show(self.display.paint(f"▸ {visible(one_line(content_text(prompt), 200))}", "grey"))
+        if answer:
+            self.reporter.answer(content_text(answer))
 
     def run(self) -> int:
         """The session, its MCP servers ended whatever way it ends."""
@@ -4179,7 +4964,10 @@ class Session:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""
         import readline
         self.messages, interrupted = self.agent.conversation(*self.resume), 0.0
+        self.setup_readline()
         self.reporter.say(f"solo {VERSION}, model {self.agent.cfg.model}. /help for commands, Ctrl-D to leave.")
+        if self.resume[0]:
+            self.resumed(self.resume[0])
         while True:
             try:
                 line = self.read_prompt()
@@ -4203,22 +4991,34 @@ class Session:
             try:
                 if not line or self.command(line):
                     continue
-            except (AgentError, KeyboardInterrupt, EOFError) as error:  # a command's question left: nothing changes
-                self.reporter.say(str(error) if isinstance(error, AgentError) else "cancelled")
+                prompt, command = self.prompt_for(line)
+            except (AgentError, KeyboardInterrupt, EOFError, OSError) as error:  # a command left: nothing changes
+                self.reporter.say(str(error) if isinstance(error, (AgentError, OSError)) else "cancelled")
                 continue
-            messages = self.messages
-            mark, compactions, interrupted = len(messages), messages.compactions, 0.0
+            messages, model = self.messages, self.agent.cfg.model
+            self.mark, compactions, interrupted = len(messages), messages.compactions, 0.0
+            self.agent.cfg = self.agent.cfg._replace(model=command.model if command and command.model else model)
+            granted = {tool for tool in command.allowed if "(" not in tool} - self.always if command else set()
+            self.always |= granted  # for this prompt; patterns like Bash(git add:*) are not understood yet
             try:
-                outcome = self.agent.ask(messages, line)
+                with self.keys.reading():
+                    outcome = self.agent.ask(messages, prompt)
             except (KeyboardInterrupt, Exception) as error:  # an unfinished turn leaves no trace; the session goes on
-                del messages[mark if messages.compactions == compactions else messages.floor:]
+                del messages[self.mark if messages.compactions == compactions else messages.floor:]
+                self.display.end_turn()
                 self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
                 continue
+            finally:
+                self.agent.cfg, self.always = self.agent.cfg._replace(model=model), self.always - granted
+            self.display.end_turn()
             with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing
                 if outcome.subtype != "success":
-                    self.reporter.say(f"stopped: {outcome.subtype}")
+                    self.reporter.say(stopped_message(outcome))
                 elif not self.reporter.answered:  # a streamed answer is on the screen already
                     self.reporter.answer(outcome.answer)
+
+
+# --- Main -----------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, streams: Streams | None = None) -> int:

@@ -94,7 +94,7 @@ def test_commands_help_cost_model_clear(serve, terminal):
     term = terminal(server)
     term.ask("/help", "/clear")
     term.ask("hello", "anthropic/claude-haiku-4.5 sees 1")
-    term.ask("/cost", r"1 requests, 100 prompt tokens .*\$0\.0010")
+    term.ask("/cost", r"1 request, 100 prompt tokens .*\$0\.0010")
     term.ask("/model anthropic/claude-haiku-other", "model: anthropic/claude-haiku-other")
     term.ask("/clear", "new conversation")
     term.ask("again", "anthropic/claude-haiku-other sees 1")
@@ -156,7 +156,7 @@ def test_file_changes_are_shown_as_a_bounded_diff(serve, terminal, workspace):
     term = terminal(server)
     term.send("change it\r")
     shown = term.expect(r"Allow Edit\? \[y/n/a\] ")
-    assert "Edit wants to change conf.txt" in shown and "-mode = safe\r\n+mode = unsafe" in shown
+    assert "Edit wants to change conf.txt" in shown and "   1 -mode = safe\r\n   1 +mode = unsafe" in shown
     term.send("y\r")
     shown = term.expect(r"Allow Write\? \[y/n/a\] ")
     assert "+line 38\r\n" in shown and "+line 39" not in shown and "[... 161 more lines of the change not shown]" in shown
