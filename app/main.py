@@ -3337,8 +3337,9 @@ class Usage:
     def line(self) -> str:
         """A one-line summary for stderr."""
         cost = f", ${self.cost:.4f}" if self.cost is not None else ""
-        return (f"{self.requests} request{'s' * (self.requests != 1)}, {self.prompt_tokens} prompt tokens ({self.cached_tokens} cached, "
-                f"{self.cache_write_tokens} cache writes), {self.completion_tokens} completion tokens{cost}")
+        return (f"{self.requests} request{'s' * (self.requests != 1)}, {self.prompt_tokens} prompt tokens "
+                f"({self.cached_tokens} cached, {self.cache_write_tokens} cache writes), {self.completion_tokens} "
+                f"completion tokens{cost}")
 
 
 class Outcome(NamedTuple):
@@ -4075,34 +4076,27 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
 
 # --- Terminal -------------------------------------------------------------------------------------
 # What a session draws: ANSI sequences of solo's own, only on terminals that take them (TERM not dumb, NO_COLOR
-# unset); pipes get the text byte for byte. Its patterns are compiled on first use, so -p starts as before.
+# unset); pipes get the text byte for byte. Patterns are compiled on first use, so -p starts as before.
 
-SGR = {"bold": "1", "dim": "2", "italic": "3", "under": "4", "red": "31", "green": "32", "yellow": "33",
-       "blue": "34", "magenta": "35", "cyan": "36", "grey": "90"}
+SGR = {"bold": "1", "italic": "3", "under": "4", "red": "31", "green": "32", "magenta": "35", "cyan": "36",
+       "grey": "90"}
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 CHECKPOINT_BYTES = 1 << 20  # a file larger than this is not kept by a checkpoint
 RESULT_LINES = 8  # lines of a tool's output shown under its line: the first and the last
-KEYWORDS = {  # highlighted in fenced code blocks
-    "python": "and as assert async await break class continue def del elif else except False finally for from "
-              "global if import in is lambda None nonlocal not or pass raise return self True try while with yield",
-    "javascript": "async await break case catch class const continue default delete do else export extends false "
-                  "finally for from function if import in instanceof interface let new null of return static super "
-                  "switch this throw true try type typeof undefined var void while yield",
-    "c": "auto bool break case catch char class const continue default delete do double else enum extern false "
-         "final float for if import int long namespace new null nullptr package private protected public return "
-         "short static struct switch template this throw true try typedef union unsigned using void volatile while",
-    "go": "break case chan const continue default defer else false for func go if import interface map nil package "
-          "range return select struct switch true type var",
-    "rust": "as async await break const continue crate else enum false fn for if impl in let loop match mod move "
-            "mut pub ref return self Self static struct trait true type unsafe use where while",
+KEYWORDS = {  # highlighted in fenced code blocks; C, Java, Go, Rust and their kin share a list
+    "python": "and as assert async await break class continue def del elif else except False finally for from global "
+              "if import in is lambda None not or pass raise return self True try while with yield",
+    "js": "async await break case catch class const continue default do else export extends false finally for from "
+          "function if import in instanceof let new null return static super switch this throw true try type typeof "
+          "undefined var while yield",
+    "c": "bool break case catch char class const continue default do double else enum false fn float for func if impl "
+         "import int interface let long match mut namespace new nil null package private pub public return self "
+         "static struct switch this throw true try type typedef unsigned use using var void while",
     "sh": "case do done echo elif else esac exit export fi for function if in local return then until while",
-    "sql": "and as by create delete from group having insert into join left limit not null on or order select set "
-           "table update values where",
 }
-LANGUAGE_NAMES = {"py": "python", "python3": "python", "js": "javascript", "jsx": "javascript", "ts": "javascript",
-                  "tsx": "javascript", "typescript": "javascript", "java": "c", "cpp": "c", "c++": "c", "cs": "c",
-                  "csharp": "c", "kotlin": "c", "swift": "c", "golang": "go", "rs": "rust", "bash": "sh",
-                  "shell": "sh", "zsh": "sh", "console": "sh"}
+LANGUAGES = {**dict.fromkeys(("py", "python3"), "python"), **dict.fromkeys(("bash", "shell", "zsh", "console"), "sh"),
+             **dict.fromkeys(("javascript", "jsx", "ts", "tsx", "typescript"), "js"),
+             **dict.fromkeys(("cpp", "c++", "h", "java", "go", "golang", "rust", "rs", "cs", "kotlin", "swift"), "c")}
 
 
 def paint(text: str, *styles: str) -> str:
@@ -4112,20 +4106,10 @@ def paint(text: str, *styles: str) -> str:
 
 @functools.cache
 def code_pattern(language: str) -> re.Pattern:
-    """Comments, strings and keywords of a language, as one pattern."""
-    comment = r"#.*" if language in ("python", "sh") else r"--.*" if language == "sql" else r"//.*|/\*.*?\*/"
-    words = "|".join(KEYWORDS[language].split())
-    return re.compile(rf"(?P<comment>{comment})|(?P<string>\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`)"
-                      rf"|(?P<keyword>\b(?:{words})\b)", re.IGNORECASE if language == "sql" else 0)
-
-
-def highlight(line: str, language: str) -> str:
-    """A line of code with its comments grey, strings green and keywords magenta."""
-    language = LANGUAGE_NAMES.get(language, language)
-    if language not in KEYWORDS:
-        return line
-    colours = {"comment": "grey", "string": "green", "keyword": "magenta"}
-    return code_pattern(language).sub(lambda m: paint(m.group(), colours[m.lastgroup]), line)
+    """A language's comments, strings and keywords, as one pattern."""
+    comment = r"#.*" if language in ("python", "sh") else r"//.*|/\*.*?\*/"
+    return re.compile(rf"(?P<grey>{comment})|(?P<green>\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`)"
+                      rf"|(?P<magenta>\b(?:{'|'.join(KEYWORDS[language].split())})\b)")
 
 
 @functools.cache
@@ -4136,19 +4120,17 @@ def inline_pattern() -> re.Pattern:
 
 
 def inline(text: str) -> str:
-    """A line's inline Markdown drawn: `code` cyan, **bold**, *italic*, [links](url)."""
+    """A line's inline Markdown drawn: `code` cyan, **bold**, *italic*, [links](url) underlined."""
     def span(m: re.Match) -> str:
         code, bold, bold2, italic, italic2, label, url = m.groups()
-        if code is not None:
-            return paint(code, "cyan")
-        if label is not None:
-            return paint(label, "under") + paint(f" ({url})", "grey")
+        if code is not None or label is not None:
+            return paint(code, "cyan") if code is not None else paint(label, "under") + paint(f" ({url})", "grey")
         return paint(inline(bold or bold2), "bold") if bold or bold2 else paint(inline(italic or italic2), "italic")
     return inline_pattern().sub(span, text)
 
 
 def width_of(text: str) -> int:
-    """How many columns a drawn text takes (its escape sequences take none)."""
+    """The columns a drawn text takes (its escape sequences take none)."""
     return len(re.sub(r"\033\[[0-9;]*m", "", text))
 
 
@@ -4156,98 +4138,66 @@ class Markdown:
     """Markdown drawn for a terminal as it streams: a line once it is complete, a code block or a table once
     it has ended."""
 
-    def __init__(self, width: int = 80):
-        self.width, self.partial, self.fence, self.code, self.table = width, "", None, [], []
+    def __init__(self) -> None:
+        self.partial, self.fence, self.language, self.held = "", "", "", []  # held: a code block's or table's lines
 
-    def feed(self, text: str) -> str:
-        """Take a piece of the text; return what can be drawn now."""
-        *lines, self.partial = (self.partial + text).split("\n")
-        return "".join(self.line(line) for line in lines)
-
-    def finish(self) -> str:
-        """Draw what is left: the last line, an open code block or table."""
-        out = self.line(self.partial) if self.partial else ""
-        out += self.close_code() if self.fence is not None else self.close_table()
-        self.partial = ""
-        return out
+    def feed(self, text: str, end: bool = False) -> str:
+        """Take a piece of the text; return what can be drawn now (all of it at the end)."""
+        *lines, self.partial = (self.partial + text + "\n" * (end and bool(self.partial + text))).split("\n")
+        return "".join(map(self.line, lines)) + (self.close() if end else "")
 
     def line(self, line: str) -> str:
-        """One complete line, drawn (or held back in a code block or a table)."""
-        if self.fence is not None:
-            if line.strip().startswith(self.fence[0]):
-                return self.close_code()
-            self.code.append(line)
-            return ""
+        """One complete line, drawn, or held back in a code block or a table."""
+        if self.fence:
+            return self.close() if line.strip().startswith(self.fence) else self.held.append(line) or ""
         if fence := re.match(r"\s*(```+|~~~+)\s*([\w+#.-]*)", line):
-            self.fence = (fence.group(1), fence.group(2).lower())
-            return self.close_table()
+            drawn, self.fence, self.language = self.close(), fence.group(1), fence.group(2).lower()
+            return drawn
         if line.lstrip().startswith("|"):
-            self.table.append(line.strip())
-            return ""
-        return self.close_table() + self.block(line) + "\n"
-
-    def block(self, line: str) -> str:
-        """A line that is not code or a table: heading, quote, list item, rule or text."""
+            return self.held.append(line.strip()) or ""
+        drawn = self.close()
         if heading := re.match(r"(#{1,6})\s+(.*)", line):
-            return paint(inline(heading.group(2)), "bold", *(("under",) if len(heading.group(1)) == 1 else ()))
+            return drawn + paint(inline(heading.group(2)), "bold", *["under"][:len(heading.group(1)) == 1]) + "\n"
         if quote := re.match(r"\s*>\s?(.*)", line):
-            return paint("│ ", "grey") + paint(inline(quote.group(1)), "italic")
+            return drawn + paint("│ ", "grey") + paint(inline(quote.group(1)), "italic") + "\n"
         if re.fullmatch(r"\s*([-*_])(\s*\1){2,}\s*", line):
-            return paint("─" * min(self.width, 80), "grey")
-        if item := re.match(r"(\s*)[-*+]\s+(.*)", line):
-            return f"{item.group(1)}• {inline(item.group(2))}"
-        return inline(line)
+            return drawn + paint("─" * 40, "grey") + "\n"
+        return drawn + re.sub(r"^(\s*)[-*+]\s+", r"\1• ", inline(line)) + "\n"
 
-    def close_code(self) -> str:
-        """A fenced code block, framed, its lines highlighted."""
-        fence, self.fence, lines, self.code = self.fence, None, self.code, []
-        top = paint(f"╭─ {fence[1]} " if fence[1] else "╭─", "grey")
-        body = "".join(paint("│ ", "grey") + highlight(line, fence[1]) + "\n" for line in lines)
-        return f"{top}\n{body}{paint('╰─', 'grey')}\n"
-
-    def close_table(self) -> str:
-        """A table held back, its columns aligned."""
-        rows, self.table = self.table, []
-        cells = [[inline(c.strip()) for c in row.strip("|").split("|")] for row in rows]
-        rules = [bool(re.fullmatch(r"[|:\s-]+", row)) for row in rows]
-        widths = [max((width_of(r[i]) for r, rule in zip(cells, rules) if i < len(r) and not rule), default=1)
-                  for i in range(max(map(len, cells), default=0))]
-        return "".join(paint("─┼─".join("─" * w for w in widths), "grey") + "\n" if rule else paint(" │ ", "grey").join(
+    def close(self) -> str:
+        """The code block (framed, highlighted) or the table (aligned) held back, drawn."""
+        held, self.held, language = self.held, [], LANGUAGES.get(self.language, self.language)
+        if self.fence:
+            self.fence = ""
+            code = [code_pattern(language).sub(lambda m: paint(m.group(), m.lastgroup), line)
+                    if language in KEYWORDS else line for line in held]
+            return "".join(f"{paint('│', 'grey')} {line}\n" for line in code).join(
+                (paint(f"╭─ {self.language}", "grey") + "\n", paint("╰─", "grey") + "\n"))
+        rows = [[inline(c.strip()) for c in row.strip("|").split("|")] for row in held]
+        rules = [bool(re.fullmatch(r"[|:\s-]+", row)) for row in held]
+        widths = [max((width_of(r[i]) for r, rule in zip(rows, rules) if i < len(r) and not rule), default=1)
+                  for i in range(max(map(len, rows), default=0))]
+        rule = paint("─┼─".join("─" * w for w in widths), "grey") + "\n"
+        return "".join(rule if is_rule else paint(" │ ", "grey").join(
             c + " " * (w - width_of(c)) for c, w in zip(row + [""] * len(widths), widths)).rstrip() + "\n"
-            for row, rule in zip(cells, rules))
+            for row, is_rule in zip(rows, rules))
 
 
-def diff_rows(old: str, new: str) -> list[str]:
-    """A change's hunks with line numbers: '  12 -was', '  12 +now', '  13  same'."""
+def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> str:
+    """A change as the user sees it: a '--- +++' header, then numbered rows ('  12 -was', '  12 +now'), at most
+    DIFF_LINES of them; removed rows red and added ones green in colour; control characters shown escaped."""
     import difflib  # only when a change is shown: it costs start-up time
     rows, at = [], [0, 0]
-    for line in list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1))[2:]:
+    for line in list(difflib.unified_diff((old or "").splitlines(), new.splitlines(), lineterm="", n=1))[2:]:
         if hunk := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", line):
             at = [int(hunk.group(1)) or 1, int(hunk.group(2)) or 1]
-            rows.append(line)
-            continue
-        side = 0 if line[:1] == "-" else 1
-        rows.append(f"{at[side]:4} {line}")
-        at = [at[0] + (line[:1] != "+"), at[1] + (line[:1] != "-")]
-    return rows
-
-
-def shown_diff(path: str, old: str | None, new: str) -> str:
-    """A change as the user sees it: '--- +++' header, numbered rows bounded at DIFF_LINES, control characters
-    shown escaped."""
-    rows = diff_rows(old or "", new)
-    more = [f"[... {len(rows) - DIFF_LINES} more lines of the change not shown]"] if len(rows) > DIFF_LINES else []
-    return visible("\n".join([f"--- {'/dev/null' if old is None else path}", f"+++ {path}", *rows[:DIFF_LINES],
-                              *more]))
-
-
-def coloured_diff(text: str) -> str:
-    """A shown diff with removed rows red and added rows green."""
-    def row(line: str) -> str:
-        sign = line[5:6] if re.match(r"\s*\d+ [-+]", line) else ""
-        return paint(line, "red") if sign == "-" else paint(line, "green") if sign == "+" else \
-            paint(line, "grey") if line.startswith(("---", "+++", "@@", "[...")) else line
-    return "\n".join(map(row, text.split("\n")))
+        sign = line[:1] if not hunk else "@"
+        row, style = visible(line if hunk else f"{at[sign != '-']:4} {line}"), {"-": "red", "+": "green"}.get(sign)
+        rows.append(paint(row, style) if colour and style else row)
+        at = [at[0] + (sign in " -"), at[1] + (sign in " +")]
+    more = [f"[... {len(rows) - DIFF_LINES} more lines of the change not shown]"] * (len(rows) > DIFF_LINES)
+    return "\n".join([f"--- {'/dev/null' if old is None else visible(path)}", f"+++ {visible(path)}",
+                      *rows[:DIFF_LINES], *more])
 
 
 def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
@@ -4259,28 +4209,18 @@ def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
     return path, path.exists(), None
 
 
-def call_label(name: str, args: dict) -> str:
-    """A tool call in a few words: Bash(npm test), Read(app/main.py)."""
-    main = next((args[k] for k in ("command", "file_path", "pattern", "url", "name") if isinstance(args.get(k), str)),
-                json.dumps(args, ensure_ascii=False) if args else "")
-    return f"{name}({visible(one_line(main, 80))})"
-
-
 def result_summary(name: str, args: dict, content: str) -> list[str]:
     """A few lines saying what a call gave: output's first and last lines, an error, a Read's range, a count."""
     lines = re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).split("\n")
-    if content.startswith("Error:") or name not in ("Bash", "Read", "Grep", "Glob"):
-        lines = lines if content.startswith("Error:") else lines[:1]
-    elif name == "Read":
-        count = sum(1 for line in lines if not line.startswith("[Showing"))
-        first = int(args.get("offset") or 1)
-        return [f"read lines {first}-{first + count - 1}" if count > 1 else content[:80]]
-    elif name in ("Grep", "Glob"):
-        found = [line for line in lines if line and not line.startswith(("[", "No matches", "No files"))]
-        return [f"{len(found)} {'line' if name == 'Grep' else 'file'}{'s' * (len(found) != 1)}" if found else lines[0]]
+    if name == "Read" and not content.startswith("Error:"):
+        count, first = sum(not line.startswith("[Showing") for line in lines), int(args.get("offset") or 1)
+        return [f"read lines {first}-{first + count - 1}"]
+    if name in ("Grep", "Glob") and not content.startswith(("Error:", "No ")):
+        count = sum(bool(line) and not line.startswith("[") for line in lines)
+        return [f"{count} {'line' if name == 'Grep' else 'file'}{'s' * (count != 1)}"]
+    lines = lines if name == "Bash" or content.startswith("Error:") else lines[:1]
     if len(lines) > RESULT_LINES:
-        half = RESULT_LINES // 2
-        lines = [*lines[:half], f"… +{len(lines) - RESULT_LINES} lines", *lines[-half:]]
+        lines = [*lines[:RESULT_LINES // 2], f"… +{len(lines) - RESULT_LINES} lines", *lines[-RESULT_LINES // 2:]]
     return [visible(one_line(line, 200)) for line in lines]
 
 
@@ -4291,11 +4231,10 @@ class Display(Reporter):
     def __init__(self, cfg: Config, streams: Streams, env: dict[str, str]):
         fancy = env.get("TERM", "dumb") not in ("", "dumb") and "NO_COLOR" not in env
         super().__init__(cfg, streams, interactive=True, fancy=fancy)
-        width = 80
+        self.width, self.lock = 80, threading.RLock()
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            width = os.get_terminal_size(streams.stderr.fileno()).columns
-        self.width, self.lock = width or 80, threading.RLock()
-        self.markdown = Markdown(width) if fancy and is_terminal(streams.stdout) else None
+            self.width = os.get_terminal_size(streams.stderr.fileno()).columns or 80
+        self.markdown = Markdown() if fancy and is_terminal(streams.stdout) else None
         self.activity, self.since, self.status = "", 0.0, False  # what the status line shows, since when, if shown
         self.tokens = self.chars = 0  # completion tokens of this session's replies; characters of the one coming
         self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
@@ -4305,13 +4244,14 @@ class Display(Reporter):
         """Text in styles, on a terminal that shows them."""
         return paint(text, *styles) if self.fancy else text
 
-    def show(self, text: str) -> None:
-        """Lines on stderr, above the status line."""
+    def put(self, text: str, stream: Any = None) -> None:
+        """Text on stderr (or stdout), above the status line."""
         with self.lock, contextlib.suppress(OSError):
+            if not text:
+                return
             self.clear()
-            self.end_line()
-            self.streams.stderr.write(text + "\n")
-            self.streams.stderr.flush()
+            (stream or self.streams.stderr).write(text)
+            (stream or self.streams.stderr).flush()
             self.draw()
 
     def say(self, text: str) -> None:
@@ -4328,21 +4268,18 @@ class Display(Reporter):
         """Take the status line off the screen."""
         if self.status:
             self.streams.stderr.write("\r\033[K")
-            self.streams.stderr.flush()
             self.status = False
 
     def draw(self) -> None:
         """Draw the status line: spinner, what runs, seconds, tokens, how to stop it."""
-        if not self.fancy or not self.activity:
-            return
         with self.lock, contextlib.suppress(OSError):
-            seconds = time.monotonic() - self.since
-            tokens = self.tokens + self.chars // 4
-            text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {self.activity} {seconds:.0f}s · {tokens} tokens"
-                    f" · esc to interrupt")
-            self.streams.stderr.write("\r\033[K" + self.paint(text[:self.width - 1], "grey"))
-            self.streams.stderr.flush()
-            self.status = True
+            if self.fancy and self.activity:
+                seconds = time.monotonic() - self.since
+                text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {self.activity} {seconds:.0f}s · "
+                        f"{self.tokens + self.chars // 4} tokens · esc to interrupt")
+                self.streams.stderr.write("\r\033[K" + paint(text[:self.width - 1], "grey"))
+                self.streams.stderr.flush()
+                self.status = True
 
     def working(self, activity: str, since: float | None = None) -> None:
         """Say on the status line what is happening now ("" when nothing is)."""
@@ -4359,57 +4296,44 @@ class Display(Reporter):
             yield
         finally:
             self.asked += time.monotonic() - started
-            self.working(activity, since + time.monotonic() - started) if activity else None
+            self.working(activity, since + time.monotonic() - started)
+
+    def end_turn(self) -> None:
+        """The turn is over (or cancelled): no status line, half-drawn answer or running call."""
+        self.working("")
+        self.calls.clear()
+        self.markdown = self.markdown and Markdown()
 
     def __call__(self, event: dict) -> None:
         """Take one event, drawing tool calls and the end of a reply."""
         with self.lock:
-            kind = event["type"]
-            if kind == "assistant":
+            if event["type"] == "assistant":
                 self.tokens += int((event.get("usage") or {}).get("completion_tokens") or 0) or self.chars // 4
                 self.chars = 0
-                if self.markdown and (rest := self.markdown.finish()):
-                    self.write(rest)
-            elif kind == "tool_call":
-                self.start_call(event)
-            elif kind == "tool_result":
-                self.end_call(event)
-            elif kind == "request":
+                self.put(self.markdown.feed("", end=True), self.streams.stdout) if self.markdown else None
+            elif event["type"] in ("tool_call", "tool_result"):
+                self.start_call(event) if event["type"] == "tool_call" else self.end_call(event)
+            elif event["type"] == "request":
                 self.working("thinking")
             super().__call__(event)
-
-    def write(self, text: str) -> None:
-        """Drawn answer text on stdout, above the status line."""
-        with self.lock, contextlib.suppress(OSError):
-            self.clear()
-            self.streams.stdout.write(text)
-            self.streams.stdout.flush()
-            self.draw()
 
     def delta(self, delta: dict) -> None:
         """A piece of the answer: drawn as Markdown line by line on a terminal, as it comes elsewhere."""
         text = delta.get("content")
-        if isinstance(text, str):
-            self.chars += len(text)
-        if not self.markdown or not isinstance(text, str) or not text:
-            with self.lock:
+        self.chars += len(text) if isinstance(text, str) else 0
+        with self.lock:
+            if not self.markdown or not isinstance(text, str):
                 self.clear()
                 return super().delta(delta)
-        self.streamed = True
-        if drawn := self.markdown.feed(for_terminal(text, self.streams.stdout)):
-            self.write(drawn)
+            self.streamed = True
+            self.put(self.markdown.feed(for_terminal(text, self.streams.stdout)), self.streams.stdout)
 
     def answer(self, text: str) -> None:
         """A whole answer, drawn as Markdown on a terminal."""
         if not self.markdown:
             return super().answer(text)
-        self.write(Markdown(self.width).feed(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout) + "\n"))
-
-    def end_turn(self) -> None:
-        """The turn is over (or cancelled): no status line, no half-drawn answer or running call."""
-        self.working("")
-        self.calls.clear()
-        self.markdown = self.markdown and Markdown(self.width)
+        self.put(Markdown().feed(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout), end=True),
+                 self.streams.stdout)
 
     def start_call(self, event: dict) -> None:
         """A tool call's line, as it starts; a file's content before a change, for its diff."""
@@ -4417,35 +4341,32 @@ class Display(Reporter):
             args = parse_arguments(event["arguments"])
         except ValueError:
             args = {}
-        label, before = call_label(event["name"], args), (False, None)
-        if event["name"] in ("Write", "Edit"):
-            before = file_before(self.cfg.cwd, args)[1:]
+        what = next((args[k] for k in ("command", "file_path", "pattern", "url") if isinstance(args.get(k), str)),
+                    json.dumps(args, ensure_ascii=False))
+        label = f"{event['name']}({visible(one_line(what, 80))})"
+        before = file_before(self.cfg.cwd, args)[1:] if event["name"] in ("Write", "Edit") else (False, None)
         self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
-        self.show(self.paint("● ", "green") + self.paint(label, "bold"))
+        self.put(self.paint("● ", "green") + self.paint(label, "bold") + "\n")
         self.shown = event["id"]
         self.working(label)
 
     def end_call(self, event: dict) -> None:
         """A tool call's result in a few lines (a file change as its diff, unless asked about), and its time."""
-        label, started, asked, before, args = self.calls.pop(event["id"], ("?", time.monotonic(), self.asked,
-                                                                          (False, None), {}))
+        label, started, asked, (existed, old), args = self.calls.pop(event["id"])
         seconds = time.monotonic() - started - (self.asked - asked)
-        content, name, error = event["content"], event["name"], event["is_error"]
-        self.last = f"{label}\n{content}"
-        rows = result_summary(name, args, content)
-        if name in ("Write", "Edit") and not error:
-            (existed, old), after, path = before, file_before(self.cfg.cwd, args)[2], str(args.get("file_path"))
-            rows = [f"{'changed' if existed else 'created'} {visible(path)}"]
-            if asked == self.asked and (old is not None or not existed) and after is not None:  # not asked: shown now
-                diff = shown_diff(path, old.decode(errors="replace") if existed else None, after.decode(errors="replace"))
-                rows += (coloured_diff(diff) if self.fancy else diff).split("\n")
-        head = "" if self.shown == event["id"] else self.paint("● ", "green") + self.paint(label, "bold") + "\n"
+        name, path, self.last = event["name"], str(args.get("file_path")), f"{label}\n{event['content']}"
+        rows = result_summary(name, args, event["content"])
+        if name in ("Write", "Edit") and not event["is_error"]:
+            rows, after = [f"{'changed' if existed else 'created'} {visible(path)}"], file_before(self.cfg.cwd, args)[2]
+            if asked == self.asked and after is not None and (old is not None or not existed):  # not asked: shown now
+                old = None if old is None else old.decode(errors="replace")
+                rows += shown_diff(path, old, after.decode(errors="replace"), self.fancy).split("\n")
         rows[0] += self.paint(f" ({seconds:.1f} s)", "grey")
-        rows = [self.paint(row, "red") if error else row for row in rows]
-        self.show(head + "\n".join(("  ⎿ " if i == 0 else "    ") + row for i, row in enumerate(rows)))
+        head = "" if self.shown == event["id"] else self.paint("● ", "green") + self.paint(label, "bold") + "\n"
+        rows = [self.paint(row, "red") if event["is_error"] else row for row in rows]
+        self.put(head + "\n".join(("  ⎿ " if i == 0 else "    ") + row for i, row in enumerate(rows)) + "\n")
         self.shown = event["id"]
-        if not self.calls:
-            self.working("thinking")
+        self.working("thinking" if not self.calls else self.activity)
 
 
 class Keys:
@@ -4459,63 +4380,49 @@ class Keys:
     def start(self) -> None:
         """Take the terminal (Ctrl-C still sends SIGINT) and start reading it."""
         import termios
-        if self.fd is None or self.thread:
-            return
-        with contextlib.suppress(termios.error):
-            self.saved = termios.tcgetattr(self.fd)
-            mode = termios.tcgetattr(self.fd)
-            mode[3] &= ~(termios.ICANON | termios.ECHO)
-            termios.tcsetattr(self.fd, termios.TCSANOW, mode)
-        self.thread = threading.Thread(target=self.read, args=(threading.main_thread().ident,), daemon=True)
-        self.thread.start()
+        if self.fd is not None and not self.thread:
+            with contextlib.suppress(termios.error):
+                self.saved = termios.tcgetattr(self.fd)
+                termios.tcsetattr(self.fd, termios.TCSANOW, [*self.saved[:3], self.saved[3] & ~(termios.ICANON |
+                                  termios.ECHO), *self.saved[4:]])
+            self.thread = threading.Thread(target=self.read, args=(threading.main_thread().ident,), daemon=True)
+            self.thread.start()
 
-    def stop(self) -> None:
-        """Stop reading and give the terminal back as it was."""
+    def stop(self) -> bool:
+        """Stop reading and give the terminal back as it was; whether it was being read."""
         import termios
-        if not self.thread:
-            return
+        if not (thread := self.thread):
+            return False
         os.write(self.wake[1], b".")
-        self.thread.join()
+        thread.join()
         os.read(self.wake[0], 1)
         self.thread = None
         with contextlib.suppress(termios.error):
             termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
+        return True
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[None]:
-        """Read keys for the time of a block (a turn)."""
-        self.start()
+    def reading(self, on: bool = True) -> Iterator[None]:
+        """Read keys for the time of a block (a turn), or with `on` false stop for it (a question in a turn)."""
+        was = self.stop() if not on else self.start()
         try:
             yield
         finally:
-            self.stop()
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """The terminal as it was for the time of a block (a question during a turn)."""
-        running = self.thread is not None
-        self.stop()
-        try:
-            yield
-        finally:
-            if running:
-                self.start()
+            self.stop() if on else was and self.start()
 
     def read(self, main: int) -> None:
         """Read keys until woken: a lone Esc interrupts the main thread, text is kept, other keys are dropped."""
         while True:
-            ready = select.select([self.fd, self.wake[0]], [], [], 0.1)[0]
-            if not ready:
+            if not (ready := select.select([self.fd, self.wake[0]], [], [], 0.1)[0]):
                 self.tick()
-                continue
-            if not (data := "" if self.wake[0] in ready else os.read(self.fd, 1024).decode(errors="ignore")):
+            elif not (data := "" if self.wake[0] in ready else os.read(self.fd, 1024).decode(errors="ignore")):
                 return
-            if data == "\x1b" and not select.select([self.fd], [], [], 0.05)[0]:
+            elif data == "\x1b" and not select.select([self.fd], [], [], 0.05)[0]:
                 signal.pthread_kill(main, signal.SIGINT)
-                continue
-            for key in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL):
-                self.kept = self.kept[:-1] if key in ("\x7f", "\b") else "" if key == "\x15" else \
-                    self.kept + key if len(key) == 1 and key.isprintable() else self.kept
+            else:
+                for key in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL):
+                    self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + key \
+                        if len(key) == 1 and key.isprintable() else self.kept
 
 
 # --- Session --------------------------------------------------------------------------------------
@@ -4545,7 +4452,7 @@ DIFF_LINES = 40  # lines of a file change shown before the user allows it
 MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
 
 
-def describe_call(cwd: Path, tool: str, args: dict) -> str:
+def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
     """What a call will do, shown whole before the user allows it: every line of a command; for a file change,
     "create" or "change", the path and the diff."""
     if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
@@ -4560,35 +4467,25 @@ def describe_call(cwd: Path, tool: str, args: dict) -> str:
     elif text is not None and old and old in text:
         old, new = text, text.replace(old, new, -1 if args.get("replace_all") is True else 1)
     every = " (every occurrence)" if args.get("replace_all") is True else ""
-    return f"{'change' if exists else 'create'} {visible(path)}{every}\n{shown_diff(path, old if exists else None, new)}"
+    diff = shown_diff(path, old if exists else None, new, colour)
+    return f"{'change' if exists else 'create'} {visible(path)}{every}\n{diff}"
 
 
-def session_preview(path: Path) -> tuple[str, str, bool]:
-    """A transcript's first and last prompt, and whether it ended without an answer (a failed run)."""
-    first = last = role = ""
+def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
+    """From a transcript: its first and last prompt, whether it ended without an answer (a failed run), and the
+    checkpoints of the prompts still in its conversation."""
+    first, last, role, kept = "", "", "", []
     with contextlib.suppress(OSError), open(path, "rb") as f:
         for line in f:
-            if line.startswith(b'{"role": '):
-                with contextlib.suppress(ValueError, AttributeError):
-                    message = json.loads(line)
-                    role = message.get("role")
-                    if role == "user":
-                        last = one_line(content_text(message), 60)
-                        first = first or last
-    return first, last, role != "assistant"
-
-
-def read_checkpoints(path: Path) -> list[dict]:
-    """The checkpoints a transcript keeps for the prompts still in its conversation."""
-    kept: list[dict] = []
-    with contextlib.suppress(OSError), open(path, "rb") as f:
-        for line in f:
-            if line.startswith((b'{"type": "checkpoint"', b'{"type": "truncate"')):
-                with contextlib.suppress(ValueError, KeyError, TypeError):
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                if line.startswith((b'{"role": ', b'{"type": "checkpoint"', b'{"type": "truncate"')):
                     entry = json.loads(line)
-                    kept = [c for c in kept if c["prompt"] < entry["keep"]] if entry["type"] == "truncate" else \
-                        kept + [entry]
-    return kept
+                    role = entry.get("role", role)
+                    last = one_line(content_text(entry), 60) if entry.get("role") == "user" else last
+                    first = first or last
+                    kept = [c for c in kept if c["prompt"] < entry["keep"]] if entry.get("type") == "truncate" else \
+                        kept + [entry] * (entry.get("type") == "checkpoint")
+    return first, last, role != "assistant", kept
 
 
 class Session:
@@ -4614,20 +4511,13 @@ class Session:
         self.display(event)
 
     def checkpoint(self, args: dict) -> None:
-        """Keep a file as it was before this prompt's first change to it, in the transcript too."""
+        """Keep a file as it was before this prompt's first change to it, in the transcript too (its bytes as
+        Latin-1 characters, one each; none for a file over CHECKPOINT_BYTES)."""
         path, exists, data = file_before(self.agent.cfg.cwd, args)
-        entry = {"type": "checkpoint", "prompt": self.mark, "path": os.path.abspath(path)}
-        if any(c["prompt"] == self.mark and c["path"] == entry["path"] for c in self.checkpoints):
-            return
-        if not exists or data is None:
-            entry["missing" if not exists else "skipped"] = True
-        else:
-            try:
-                entry["text"] = data.decode()
-            except UnicodeDecodeError:
-                entry["latin1"] = data.decode("latin-1")
-        self.checkpoints.append(entry)
-        self.messages.note(entry)
+        if not any(c["prompt"] == self.mark and c["path"] == os.path.abspath(path) for c in self.checkpoints):
+            self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": os.path.abspath(path),
+                                     "exists": exists, "bytes": data and data.decode("latin-1")})
+            self.messages.note(self.checkpoints[-1])
 
     def setup_readline(self) -> None:
         """Tab completion, key bindings, and this project's prompt history (kept 0600 in SOLO_HOME)."""
@@ -4676,7 +4566,7 @@ class Session:
         prefill, self.prefill = self.prefill, ""
         readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()) if prefill else None)
         try:
-            with self.display.question(), self.keys.paused():
+            with self.display.question(), self.keys.reading(False):
                 line = input(prompt)
         finally:
             readline.set_pre_input_hook(None)
@@ -4728,7 +4618,7 @@ class Session:
         """Ask before a command or a file change runs, showing it whole: y, n, or a (always, for this tool)."""
         if tool in self.always:
             return True
-        what = describe_call(self.agent.cfg.cwd, tool, args)
+        what = describe_call(self.agent.cfg.cwd, tool, args, self.display.fancy)
         if running := orphans(self.agent.spawner.pids):  # they could type into this terminal or redraw it
             self.reporter.say("still running from earlier commands:\n" + "\n".join(
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
@@ -4737,7 +4627,7 @@ class Session:
         else:
             head, _, diff = what.partition("\n")
             self.reporter.say(f"{tool} wants to {head}")
-            self.display.show(coloured_diff(diff) if self.display.fancy else diff)
+            self.display.put(diff + "\n")
         answer = self.choose(f"Allow {tool}? [y/n/a] ", "Please answer y (yes), n (no) or a (always, for this tool): ",
                              ("y", "yes", "n", "no", "a", "always"))
         if answer == "a":
@@ -4805,7 +4695,7 @@ class Session:
         elif re.fullmatch(r"/[\w.:-]+", word) and word not in self.command_names():
             import difflib
             close = difflib.get_close_matches(word, self.command_names(), n=3, cutoff=0.6)
-            say(f"unknown command {word}: " + (f"did you mean {' or '.join(close)}?" if close else "/help lists them"))
+            say(f"unknown command {word}: " + (f"did you mean {' or '.join(close)}?" if close else "see /help"))
         else:
             return False
         return True
@@ -4818,7 +4708,7 @@ class Session:
         width = max(map(len, [*commands, *SESSION_KEYS]))
         rows = [f"  {self.display.paint(name.ljust(width), 'bold')}  {what}" for name, what in commands.items()]
         keys = [f"  {self.display.paint(name.ljust(width), 'bold')}  {what}" for name, what in SESSION_KEYS.items()]
-        self.display.show("\n".join(["Commands:", *rows, "Keys:", *keys]))
+        self.display.put("\n".join(["Commands:", *rows, "Keys:", *keys]) + "\n")
 
     def run_command(self, command: str) -> None:
         """Run the user's own command (in the sandbox, if any); show its output and keep it for the next prompt."""
@@ -4828,7 +4718,7 @@ class Session:
                 output = tool_bash(self.agent.ctx, command)
             finally:
                 self.display.working("")
-        self.display.show(visible(output))
+        self.display.put(visible(output) + "\n")
         self.pending.append(f"I ran this command myself:\n$ {command}\n{output}")
 
     def remember(self, text: str) -> None:
@@ -4851,7 +4741,7 @@ class Session:
             subprocess.run(shlex.split(self.env.get("PAGER") or "less -R"), input=visible(self.display.last).encode(),
                            stdout=self.streams.stderr.fileno(), check=False)
         except (OSError, ValueError):
-            self.display.show(visible(self.display.last))
+            self.display.put(visible(self.display.last) + "\n")
 
     def prompt_for(self, line: str) -> tuple[str, Command | None]:
         """What a line sends: /init's request or a custom command's text, @paths attached, after the output of
@@ -4897,26 +4787,24 @@ class Session:
         """Put back the files Write and Edit changed since prompt `index`, as they were before it."""
         kept: dict[str, dict] = {}
         for checkpoint in self.checkpoints:
-            if checkpoint["prompt"] >= index:
-                kept.setdefault(checkpoint["path"], checkpoint)
-        done, skipped = [], [path for path, c in kept.items() if c.get("skipped")]
-        for path, checkpoint in kept.items():
+            kept.setdefault(checkpoint["path"], checkpoint) if checkpoint["prompt"] >= index else None
+        big = [path for path, c in kept.items() if c["exists"] and c["bytes"] is None]
+        for path, c in kept.items():
             with contextlib.suppress(OSError):
-                if checkpoint.get("missing"):
-                    Path(path).unlink(missing_ok=True)
-                elif not checkpoint.get("skipped"):
-                    data = checkpoint["text"].encode() if "text" in checkpoint else checkpoint["latin1"].encode("latin-1")
-                    replace_file(Path(path), data, stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None)
-                done.append(path)
-        self.reporter.say(f"restored {len(done)} file{'s' * (len(done) != 1)}" + "".join(f"\n  {visible(p)}" for p in done) +
-                          (f"\nnot kept (larger than {CHECKPOINT_BYTES} bytes): {', '.join(skipped)}" if skipped else "") +
-                          "\nfiles changed by commands (Bash) are not tracked, and were not restored")
+                if not c["exists"]:
+                    os.unlink(path)
+                elif c["bytes"] is not None:
+                    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None
+                    replace_file(Path(path), c["bytes"].encode("latin-1"), mode)
+        self.reporter.say(f"restored: {', '.join(p for p in kept if p not in big) or 'no file'}" +
+                          (f"; too large to keep: {', '.join(big)}" if big else "") +
+                          ". Files changed by commands (Bash) are not tracked and were not restored.")
 
     def resume_picked(self) -> None:
         """Go on with a session the user picks (not this one; failed runs last; words filter the list); on any
         failure the current one goes on as it was."""
         sessions, current, words = Sessions(self.agent.cfg), self.agent.cfg.session_id, ""
-        found = [(path, *session_preview(path)) for path in sessions.recent(asked=True) if path.stem != current]
+        found = [(path, *read_record(path)[:3]) for path in sessions.recent(asked=True) if path.stem != current]
         found.sort(key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
         while True:
             shown = [row for row in found if words.lower() in f"{row[1]} {row[2]}".lower()][:10]
@@ -4944,12 +4832,12 @@ class Session:
 
     def resumed(self, path: Path) -> None:
         """Say which session goes on, with its last exchange; take its checkpoints."""
-        self.checkpoints = read_checkpoints(path) if self.messages.transcript else []
+        self.checkpoints = read_record(path)[3] if self.messages.transcript else []
         self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
         prompt = next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
         answer = next((m for m in reversed(self.messages) if m.get("role") == "assistant" and content_text(m)), None)
         if prompt:
-            self.display.show(self.display.paint(f"▸ {visible(one_line(content_text(prompt), 200))}", "grey"))
+            self.display.put(self.display.paint(f"▸ {visible(one_line(content_text(prompt), 200))}", "grey") + "\n")
         if answer:
             self.reporter.answer(content_text(answer))
 
