@@ -1799,7 +1799,7 @@ def attach_mentions(cwd: Path, text: str) -> str:
                                      (len(entries) > LIST_LIMIT))
                 else:
                     body = read_small(path, READ_LIMIT, head=True)
-                attached.append(f'<file path="{name}">\n{body}\n</file>')
+                attached.append(f'<file path="{name}">\n{body.removesuffix(chr(10))}\n</file>')
                 break
     return "\n\n".join([text, *attached])
 
@@ -1814,7 +1814,8 @@ def render_command(command: Command, arguments: str, cwd: Path, run: Callable[[s
     body = re.sub(r"\$ARGUMENTS\b|\$(\d+)", value, command.body)
     if body == command.body and arguments.strip():
         body += f"\n\nARGUMENTS: {arguments}"
-    return attach_mentions(cwd, re.sub(r"!`([^`\n]+)`", lambda m: run(m.group(1)), body))
+    body = re.sub(r"!`([^`\n]+)`", lambda m: run(m.group(1)).removesuffix("\n[exit code 0]"), body)
+    return attach_mentions(cwd, body)
 
 
 # --- Project instructions -------------------------------------------------------------------------
@@ -4275,8 +4276,8 @@ class Display(Reporter):
         with self.lock, contextlib.suppress(OSError):
             if self.fancy and self.activity:
                 seconds = time.monotonic() - self.since
-                text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {self.activity} {seconds:.0f}s · "
-                        f"{self.tokens + self.chars // 4} tokens · esc to interrupt")
+                text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
+                        f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
                 self.streams.stderr.write("\r\033[K" + paint(text[:self.width - 1], "grey"))
                 self.streams.stderr.flush()
                 self.status = True
@@ -4381,24 +4382,25 @@ class Keys:
         """Take the terminal (Ctrl-C still sends SIGINT) and start reading it."""
         import termios
         if self.fd is not None and not self.thread:
-            with contextlib.suppress(termios.error):
+            with signals_held(), contextlib.suppress(termios.error):  # a Ctrl-C lands after: the pair stays whole
                 self.saved = termios.tcgetattr(self.fd)
                 termios.tcsetattr(self.fd, termios.TCSANOW, [*self.saved[:3], self.saved[3] & ~(termios.ICANON |
                                   termios.ECHO), *self.saved[4:]])
-            self.thread = threading.Thread(target=self.read, args=(threading.main_thread().ident,), daemon=True)
-            self.thread.start()
+                self.thread = threading.Thread(target=self.read, args=(threading.main_thread().ident,), daemon=True)
+                self.thread.start()
 
     def stop(self) -> bool:
         """Stop reading and give the terminal back as it was; whether it was being read."""
         import termios
         if not (thread := self.thread):
             return False
-        os.write(self.wake[1], b".")
-        thread.join()
-        os.read(self.wake[0], 1)
-        self.thread = None
-        with contextlib.suppress(termios.error):
-            termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
+        with signals_held():
+            os.write(self.wake[1], b".")
+            thread.join()
+            os.read(self.wake[0], 1)
+            self.thread = None
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
         return True
 
     @contextlib.contextmanager
@@ -4421,8 +4423,8 @@ class Keys:
                 signal.pthread_kill(main, signal.SIGINT)
             else:
                 for key in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL):
-                    self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + key \
-                        if len(key) == 1 and key.isprintable() else self.kept
+                    self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + "\n" if key in "\r\n" \
+                        else self.kept + key if len(key) == 1 and key.isprintable() else self.kept
 
 
 # --- Session --------------------------------------------------------------------------------------
@@ -4564,7 +4566,8 @@ class Session:
         # readline's select() sleeps through a Ctrl-C that lands just before it starts: a tick wakes it to see it
         signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
         prefill, self.prefill = self.prefill, ""
-        readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()) if prefill else None)
+        if prefill:  # only then: a Ctrl-C landing in a hook is swallowed by readline
+            readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()))
         try:
             with self.display.question(), self.keys.reading(False):
                 line = input(prompt)
@@ -4584,7 +4587,12 @@ class Session:
     def read_prompt(self) -> str:
         """The next prompt: a paste of several lines is one prompt, a line ending in a backslash goes on; a key
         bound to an action (Esc Esc, Ctrl-O) gives its command."""
-        self.prefill, self.keys.kept = self.prefill or self.keys.kept, ""
+        kept, self.keys.kept = self.keys.kept, ""
+        if "\n" in kept:  # a line typed during the turn, Enter and all: the next prompt
+            line, _, self.keys.kept = kept.partition("\n")
+            self.streams.stderr.write(f"> {line}\n")
+            return line.strip()
+        self.prefill = self.prefill or kept
         lines = [self.read_line("> ")]
         if MARK in lines[0]:
             text, _, action = lines[0].rpartition(MARK)
@@ -4601,6 +4609,7 @@ class Session:
 
     def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
         """The first letter of the user's answer, asked until it is one of `answers`; "" for Ctrl-D."""
+        self.keys.kept = ""
         with contextlib.suppress(OSError, ValueError):  # what was typed before the question does not answer it
             import termios
             termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
@@ -4724,7 +4733,7 @@ class Session:
     def remember(self, text: str) -> None:
         """Add a line to the project's CLAUDE.md, if the user says so."""
         path = self.agent.cfg.cwd / "CLAUDE.md"
-        if not text or self.choose(f"Add {text!r} to {path}? [y/n] ", "Please answer y (yes) or n (no): ",
+        if not text or self.choose("Add this line to ./CLAUDE.md? [y/n] ", "Please answer y (yes) or n (no): ",
                                    ("y", "yes", "n", "no")) != "y":
             return
         old = read_small(path) if path.exists() else ""
@@ -4749,7 +4758,8 @@ class Session:
         word, _, rest = line.partition(" ")
         command = self.agent.commands.get(word[1:]) if word.startswith("/") else None
         if command:
-            line = render_command(command, rest, self.agent.cfg.cwd, self.inline_command)
+            line = render_command(command, rest, self.agent.cfg.cwd, lambda line: tool_bash(self.agent.ctx, line)
+                                  if "Bash" in command.allowed else self.inline_command(line))
         else:
             line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
         prompt, self.pending = "\n\n".join([*self.pending, line]), []
