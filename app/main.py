@@ -4747,7 +4747,7 @@ class Session:
             return self.reporter.say("no tool has run yet")
         import shlex
         try:
-            subprocess.run(shlex.split(self.env.get("PAGER") or "less -R"), input=visible(self.display.last).encode(),
+            subprocess.run(shlex.split(self.env.get("PAGER") or "less -R"), input=(visible(self.display.last) + "\n").encode(),
                            stdout=self.streams.stderr.fileno(), check=False)
         except (OSError, ValueError):
             self.display.put(visible(self.display.last) + "\n")

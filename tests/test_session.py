@@ -320,7 +320,8 @@ DRAWN_PROMPT = r"(?:\n|\x1b\[K)> "  # at the start of a line, or after the statu
 def test_a_tool_line_shows_while_the_command_runs_then_its_first_and_last_lines(serve, terminal, workspace):
     command = "echo started; while [ ! -f go ]; do sleep 0.05; done; seq 1 12; exit 3"
     server = serve(asks_once([call("Bash", {"command": command})]))
-    term = terminal(server, "--yes", term="xterm")
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": "cat"}
+    term = terminal(server, "--yes", term="xterm", env=env)
     term.send("run it\r")
     term.expect(r"Bash\(echo started; while")
     term.expect(r"Bash\(echo started.*\(\d+s · \d+ tokens · esc to interrupt\)")  # the status line, live, while it runs
@@ -328,6 +329,9 @@ def test_a_tool_line_shows_while_the_command_runs_then_its_first_and_last_lines(
     shown = term.expect("done: ")
     assert "⎿ started" in shown and "… +6 lines" in shown and "    12\r\n    [exit code 3]" in shown
     assert "    5\r\n" not in shown and re.search(r"⎿ started\x1b\[90m \(\d+\.\d s\)", shown)
+    term.expect(DRAWN_PROMPT)
+    term.send("\x0f")  # Ctrl-O: the last result whole, through the pager
+    term.expect(r"\r\n4\r\n5\r\n6\r\n7\r\n")
     term.expect(DRAWN_PROMPT)
 
 
@@ -462,10 +466,11 @@ def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, ter
     assert (workspace / "a.txt").read_text() == "by two\n"
     term.send("\x04")
     assert term.wait() == 0
-    term = terminal(server, "--yes", "-c", first="resumed [0-9a-f-]+: 10 messages")
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "INPUTRC": "/dev/null"}
+    term = terminal(server, "--yes", "-c", env=env, first="resumed [0-9a-f-]+: 10 messages")
     term.expect("did two")  # the last exchange is shown
     term.expect(PROMPT)
-    term.send("/rewind\r")
+    term.send("\x1b\x1b")  # Esc Esc at an empty prompt: /rewind (an inputrc binding "\e\e[C" would make it wait)
     term.expect(r"1\. one  \[2 files changed since\]")
     term.expect(r"Go back to before which prompt \(1-2\)\? ")
     term.send("1\r")
@@ -476,3 +481,22 @@ def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, ter
     assert (workspace / "a.txt").read_text() == "original\n" and not (workspace / "b.txt").exists()
     term.send("\r")  # the prompt rewound to is back in the line
     term.expect("did one with 5 messages")
+
+
+def test_the_resume_picker_hides_this_session_puts_failed_runs_last_and_filters(serve, terminal, workspace, run):
+    server = serve(tool_then([call("Read", {"file_path": "missing.txt"})], "answered"))
+    home = {"SOLO_HOME": str(workspace.parent / "solo-home")}
+    assert run(["-p", "alpha question", "--max-turns", "1"], cwd=workspace, base_url=server.url, env=home).code == 3
+    assert run(["-p", "beta question"], cwd=workspace, base_url=server.url, env=home).code == 0
+    term = terminal(server, env={**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", **home})
+    term.ask("gamma question", "answered")
+    term.send("/resume\r")
+    shown = term.expect(r"Resume which \(1-2, or words to filter\)\? ")
+    assert re.search(r" 1\. \w+ .*beta question\r\n.* 2\. \w+ .*alpha question \(ended without an answer\)", shown)
+    assert "gamma" not in shown  # the session itself is not offered
+    term.send("alpha\r")
+    shown = term.expect(r"Resume which \(1-1, or words to filter\)\? ")
+    assert "beta" not in shown
+    term.send("1\r")
+    term.expect(r"resumed [0-9a-f-]+: 4 messages")
+    term.expect(PROMPT)
