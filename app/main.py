@@ -1805,8 +1805,7 @@ def attach_mentions(cwd: Path, text: str) -> str:
 
 
 def render_command(command: Command, arguments: str, cwd: Path, run: Callable[[str], str]) -> str:
-    """A custom command's prompt: $ARGUMENTS and $1... filled in, each !`command`'s output inlined, @files
-    attached."""
+    """A custom command's prompt: $ARGUMENTS and $1... filled in, !`command` outputs inlined, @files attached."""
     words = arguments.split()
     def value(match: re.Match) -> str:
         number = match.group(1)
@@ -4136,8 +4135,7 @@ def width_of(text: str) -> int:
 
 
 class Markdown:
-    """Markdown drawn for a terminal as it streams: a line once it is complete, a code block or a table once
-    it has ended."""
+    """Markdown drawn for a terminal as it streams: a line once complete, a code block or table once ended."""
 
     def __init__(self) -> None:
         self.partial, self.fence, self.language, self.held = "", "", "", []  # held: a code block's or table's lines
@@ -4185,8 +4183,7 @@ class Markdown:
 
 
 def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> str:
-    """A change as the user sees it: a '--- +++' header, then numbered rows ('  12 -was', '  12 +now'), at most
-    DIFF_LINES of them; removed rows red and added ones green in colour; control characters shown escaped."""
+    """A change as shown: '--- +++', then at most DIFF_LINES numbered rows ('  12 -was'), coloured if asked."""
     import difflib  # only when a change is shown: it costs start-up time
     rows, at = [], [0, 0]
     for line in list(difflib.unified_diff((old or "").splitlines(), new.splitlines(), lineterm="", n=1))[2:]:
@@ -4226,8 +4223,7 @@ def result_summary(name: str, args: dict, content: str) -> list[str]:
 
 
 class Display(Reporter):
-    """A session's screen: each tool call's line when it starts and its result when done, every file change's
-    diff, answers drawn as Markdown as they stream, and a status line while the model works."""
+    """A session's screen: tool calls as they start and end, diffs, Markdown as it streams, a status line."""
 
     def __init__(self, cfg: Config, streams: Streams, env: dict[str, str]):
         fancy = env.get("TERM", "dumb") not in ("", "dumb") and "NO_COLOR" not in env
@@ -4371,8 +4367,7 @@ class Display(Reporter):
 
 
 class Keys:
-    """The terminal during a turn: no echo or line editing; a thread reads keys, Esc interrupts like Ctrl-C,
-    other keys are kept for the next prompt, and the status line is redrawn as time passes."""
+    """The terminal during a turn, read by a thread: Esc interrupts, other keys wait for the next prompt."""
 
     def __init__(self, fd: int | None, tick: Callable[[], None]):
         self.fd, self.tick, self.kept, self.thread, self.saved = fd, tick, "", None, None
@@ -4455,8 +4450,7 @@ MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, ex
 
 
 def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
-    """What a call will do, shown whole before the user allows it: every line of a command; for a file change,
-    "create" or "change", the path and the diff."""
+    """What a call will do, shown whole before it is allowed: every line of a command, or a file change's diff."""
     if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
         text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
         blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
@@ -4474,8 +4468,7 @@ def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str
 
 
 def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
-    """From a transcript: its first and last prompt, whether it ended without an answer (a failed run), and the
-    checkpoints of the prompts still in its conversation."""
+    """A transcript's first and last prompt, whether it ended unanswered, and its prompts' checkpoints."""
     first, last, role, kept = "", "", "", []
     with contextlib.suppress(OSError), open(path, "rb") as f:
         for line in f:
@@ -4513,8 +4506,7 @@ class Session:
         self.display(event)
 
     def checkpoint(self, args: dict) -> None:
-        """Keep a file as it was before this prompt's first change to it, in the transcript too (its bytes as
-        Latin-1 characters, one each; none for a file over CHECKPOINT_BYTES)."""
+        """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
         path, exists, data = file_before(self.agent.cfg.cwd, args)
         if not any(c["prompt"] == self.mark and c["path"] == os.path.abspath(path) for c in self.checkpoints):
             self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": os.path.abspath(path),
@@ -4585,8 +4577,7 @@ class Session:
         return line
 
     def read_prompt(self) -> str:
-        """The next prompt: a paste of several lines is one prompt, a line ending in a backslash goes on; a key
-        bound to an action (Esc Esc, Ctrl-O) gives its command."""
+        """The next prompt: a paste is one prompt, a trailing backslash goes on, Esc Esc and Ctrl-O give commands."""
         kept, self.keys.kept = self.keys.kept, ""
         if "\n" in kept:  # a line typed during the turn, Enter and all: the next prompt
             line, _, self.keys.kept = kept.partition("\n")
@@ -4713,11 +4704,10 @@ class Session:
         """The commands and keys, as a table."""
         commands = {**SESSION_COMMANDS, **{f"/{c.name} {c.hint}".strip(): c.description
                                            for c in self.agent.commands.values()},
-                    **{f"/{s.name}": one_line(s.description, 70) for s in self.agent.skills.values()}}
+                    **{f"/{s.name}": one_line(s.description, 70) for s in self.agent.skills.values()}, "Keys:": ""}
         width = max(map(len, [*commands, *SESSION_KEYS]))
-        rows = [f"  {self.display.paint(name.ljust(width), 'bold')}  {what}" for name, what in commands.items()]
-        keys = [f"  {self.display.paint(name.ljust(width), 'bold')}  {what}" for name, what in SESSION_KEYS.items()]
-        self.display.put("\n".join(["Commands:", *rows, "Keys:", *keys]) + "\n")
+        self.display.put("Commands:\n" + "".join(f"  {self.display.paint(name.ljust(width), 'bold')}  {what}\n"
+                                                  for name, what in {**commands, **SESSION_KEYS}.items()))
 
     def run_command(self, command: str) -> None:
         """Run the user's own command (in the sandbox, if any); show its output and keep it for the next prompt."""
@@ -4733,13 +4723,12 @@ class Session:
     def remember(self, text: str) -> None:
         """Add a line to the project's CLAUDE.md, if the user says so."""
         path = self.agent.cfg.cwd / "CLAUDE.md"
-        if not text or self.choose("Add this line to ./CLAUDE.md? [y/n] ", "Please answer y (yes) or n (no): ",
-                                   ("y", "yes", "n", "no")) != "y":
-            return
-        old = read_small(path) if path.exists() else ""
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(("\n" if old and not old.endswith("\n") else "") + text + "\n")
-        self.reporter.say(f"added to {path}; it is read at the start of the next session")
+        if text and self.choose("Add this line to ./CLAUDE.md? [y/n] ", "Please answer y (yes) or n (no): ",
+                                ("y", "yes", "n", "no")) == "y":
+            old = read_small(path) if path.exists() else ""
+            with open(path, "a", encoding="utf-8") as f:
+                f.write("\n" * (old[-1:] not in ("", "\n")) + text + "\n")
+            self.reporter.say(f"added to {path}; it is read at the start of the next session")
 
     def expand(self) -> None:
         """The last tool result whole, through the pager ($PAGER, or less)."""
@@ -4747,14 +4736,13 @@ class Session:
             return self.reporter.say("no tool has run yet")
         import shlex
         try:
-            subprocess.run(shlex.split(self.env.get("PAGER") or "less -R"), input=(visible(self.display.last) + "\n").encode(),
-                           stdout=self.streams.stderr.fileno(), check=False)
+            subprocess.run(shlex.split(self.env.get("PAGER") or "less -R"), stdout=self.streams.stderr.fileno(),
+                           input=(visible(self.display.last) + "\n").encode(), check=False)
         except (OSError, ValueError):
             self.display.put(visible(self.display.last) + "\n")
 
     def prompt_for(self, line: str) -> tuple[str, Command | None]:
-        """What a line sends: /init's request or a custom command's text, @paths attached, after the output of
-        `!commands` run since the last prompt; and the custom command."""
+        """What a line sends (/init's request, a custom command's text, @paths attached, !outputs), and its command."""
         word, _, rest = line.partition(" ")
         command = self.agent.commands.get(word[1:]) if word.startswith("/") else None
         if command:
@@ -4770,19 +4758,26 @@ class Session:
         why = self.agent.permit("Bash", {"command": command})
         return f"[{command} was not run: {why}]" if why else tool_bash(self.agent.ctx, command)
 
+    def pick(self, rows: list[str], question: str) -> int:
+        """The index of the row the user picks by its number; words typed instead narrow the list down."""
+        words = ""
+        while shown := [i for i, row in enumerate(rows) if words.lower() in row.lower()][:10]:
+            for number, i in enumerate(shown, start=1):
+                self.reporter.say(f"{number:2}. {rows[i]}")
+            answer = self.read_line(f"{question} (1-{len(shown)}, or words to filter)? ", history=False).strip()
+            if answer.isdigit() and 1 <= int(answer) <= len(shown):
+                return shown[int(answer) - 1]
+            if not (words := answer):
+                break
+        raise UsageError("nothing was chosen" if words or rows else "there is nothing to choose from")
+
     def rewind(self) -> None:
         """Go back to before an earlier prompt: the conversation, the files Write and Edit changed, or both."""
         prompts = [(i, m) for i, m in enumerate(self.messages) if m.get("role") == "user"][-9:]
-        if not prompts:
-            raise UsageError("there is no prompt to go back to")
-        for number, (index, message) in enumerate(prompts, start=1):
-            files = {c["path"] for c in self.checkpoints if c["prompt"] >= index}
-            changed = f"  [{len(files)} file{'s' * (len(files) != 1)} changed since]" if files else ""
-            self.reporter.say(f"{number}. {visible(one_line(content_text(message), 70))}{changed}")
-        answer = self.read_line(f"Go back to before which prompt (1-{len(prompts)})? ", history=False).strip()
-        if not answer.isdigit() or not 1 <= int(answer) <= len(prompts):
-            raise UsageError("nothing was changed")
-        index, message = prompts[int(answer) - 1]
+        changed = [len({c["path"] for c in self.checkpoints if c["prompt"] >= i}) for i, _ in prompts]
+        index, message = prompts[self.pick([visible(one_line(content_text(m), 70)) + (
+            f"  [{n} file{'s' * (n != 1)} changed since]" if n else "") for (_, m), n in zip(prompts, changed)],
+            "Go back to before which prompt")]
         what = self.choose("Restore the conversation (c), the files (f) or both (b)? ",
                            "Please answer c (conversation), f (files) or b (both): ", ("c", "f", "b"))
         if what in ("f", "b"):
@@ -4791,7 +4786,7 @@ class Session:
             del self.messages[index:]
             self.checkpoints = [c for c in self.checkpoints if c["prompt"] < index]
             self.prefill = content_text(message)
-            self.reporter.say(f"the conversation is back to before prompt {answer}, which you can edit and send")
+            self.reporter.say("the conversation is back to before that prompt, which is yours to edit and send")
 
     def restore(self, index: int) -> None:
         """Put back the files Write and Edit changed since prompt `index`, as they were before it."""
@@ -4811,25 +4806,13 @@ class Session:
                           ". Files changed by commands (Bash) are not tracked and were not restored.")
 
     def resume_picked(self) -> None:
-        """Go on with a session the user picks (not this one; failed runs last; words filter the list); on any
-        failure the current one goes on as it was."""
-        sessions, current, words = Sessions(self.agent.cfg), self.agent.cfg.session_id, ""
-        found = [(path, *read_record(path)[:3]) for path in sessions.recent(asked=True) if path.stem != current]
-        found.sort(key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
-        while True:
-            shown = [row for row in found if words.lower() in f"{row[1]} {row[2]}".lower()][:10]
-            if not shown:
-                raise UsageError("no other session here" + (f" mentions {words!r}" if words else ""))
-            for number, (path, first, last, failed) in enumerate(shown, start=1):
-                self.reporter.say(f"{number:2}. {sessions.describe(path)}" + (f" … {last}" if last != first else "") +
-                                  (" (ended without an answer)" if failed else ""))
-            answer = self.read_line(f"Resume which (1-{len(shown)}, or words to filter)? ", history=False).strip()
-            if not answer:
-                raise UsageError("no session was chosen")
-            if answer.isdigit() and 1 <= int(answer) <= len(shown):
-                break
-            words = answer
-        path, messages = shown[int(answer) - 1][0], self.messages
+        """Go on with a session the user picks (not this one, failed runs last); on any failure this one goes on."""
+        sessions, current = Sessions(self.agent.cfg), self.agent.cfg.session_id
+        found = sorted(((path, *read_record(path)[:3]) for path in sessions.recent(asked=True) if path.stem != current),
+                       key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
+        rows = [sessions.describe(path) + (f" … {last}" if last != first else "") +
+                " (ended without an answer)" * failed for path, first, last, failed in found]
+        path, messages = found[self.pick(rows, "Resume which")][0], self.messages
         self.agent.use_session(path.stem)
         try:
             self.messages = self.agent.conversation(path)

@@ -472,7 +472,7 @@ def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, ter
     term.expect(PROMPT)
     term.send("\x1b\x1b")  # Esc Esc at an empty prompt: /rewind (an inputrc binding "\e\e[C" would make it wait)
     term.expect(r"1\. one  \[2 files changed since\]")
-    term.expect(r"Go back to before which prompt \(1-2\)\? ")
+    term.expect(r"Go back to before which prompt \(1-2, or words to filter\)\? ")
     term.send("1\r")
     term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
     term.send("b\r")
