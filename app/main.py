@@ -1804,6 +1804,12 @@ def attach_mentions(cwd: Path, text: str) -> str:
     return "\n\n".join([text, *attached])
 
 
+def inline_output(agent: Agent, line: str) -> str:
+    """A custom command's !`command` output, if the permission mode (or the user, asked) lets it run."""
+    why = agent.permit("Bash", {"command": line})
+    return f"[{line} was not run: {why}]" if why else tool_bash(agent.ctx, line)
+
+
 def render_command(command: Command, arguments: str, cwd: Path, run: Callable[[str], str]) -> str:
     """A custom command's prompt: $ARGUMENTS and $1... filled in, !`command` outputs inlined, @files attached."""
     words = arguments.split()
@@ -4054,7 +4060,7 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     try:
         conversation = agent.conversation(resume, fork)
         if command := agent.commands.get(prompt.partition(" ")[0][1:]) if prompt.startswith("/") else None:
-            prompt = render_command(command, prompt.partition(" ")[2], cfg.cwd, lambda line: tool_bash(agent.ctx, line))
+            prompt = render_command(command, prompt.partition(" ")[2], cfg.cwd, functools.partial(inline_output, agent))
             agent.cfg = cfg._replace(model=command.model or cfg.model)
         outcome = agent.ask(conversation, prompt, context)
     except (AgentError, KeyboardInterrupt, Terminated) as exc:
@@ -4492,11 +4498,11 @@ class Session:
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
         self.streams, self.always, self.resume, self.env = streams, set(), (resume, fork), env
         self.reporter = self.display = Display(cfg, streams, env)
-        self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)
         self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display.draw)
         self.checkpoints: list[dict] = []  # the files Write and Edit changed, as they were before each prompt
         self.pending: list[str] = []  # `!command` outputs that go with the next prompt
         self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
+        self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
 
     def event(self, event: dict) -> None:
         """An event of the agent's, shown; before a Write or Edit, the file as it was is kept (a checkpoint)."""
@@ -4521,6 +4527,16 @@ class Session:
         for binding in ("tab: complete", r'"\e\C-m": "\C-v\C-j"', r'"\e\e": "\C-e\C-v\C-_rewind\C-m"',
                         r'"\C-o": "\C-e\C-v\C-_expand\C-m"'):
             readline.parse_and_bind(binding)
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # GNU readline: Esc Esc acts at once, even
+            if "libedit" not in (readline.__doc__ or ""):  # where an inputrc binds "\e\e[C" and makes it a prefix
+                import ctypes
+                lib, libc = ctypes.CDLL(readline.__file__), ctypes.CDLL(None)
+                lib.rl_get_keymap_by_name.restype = libc.strdup.restype = ctypes.c_void_p
+                fields = [("type", ctypes.c_char), ("function", ctypes.c_void_p)]
+                entry = type("Entry", (ctypes.Structure,), {"_fields_": fields})  # readline's KEYMAP_ENTRY
+                meta = lib.rl_get_keymap_by_name(b"emacs-meta")  # its ESC entry becomes a macro (type 2), not a map
+                macro = libc.strdup(b"\x05\x16\x1frewind\r")  # C-e C-v C-_ rewind Enter, as bound above
+                entry.from_address(meta + 27 * ctypes.sizeof(entry)).__init__(b"\x02", macro)
         folder = Sessions(self.agent.cfg).folder
         if folder and self.agent.cfg.persist:
             with contextlib.suppress(OSError):
@@ -4747,16 +4763,11 @@ class Session:
         command = self.agent.commands.get(word[1:]) if word.startswith("/") else None
         if command:
             line = render_command(command, rest, self.agent.cfg.cwd, lambda line: tool_bash(self.agent.ctx, line)
-                                  if "Bash" in command.allowed else self.inline_command(line))
+                                  if "Bash" in command.allowed else inline_output(self.agent, line))
         else:
             line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
         prompt, self.pending = "\n\n".join([*self.pending, line]), []
         return prompt, command
-
-    def inline_command(self, command: str) -> str:
-        """A custom command's !`command`, run if allowed (the permission question), its output."""
-        why = self.agent.permit("Bash", {"command": command})
-        return f"[{command} was not run: {why}]" if why else tool_bash(self.agent.ctx, command)
 
     def pick(self, rows: list[str], question: str) -> int:
         """The index of the row the user picks by its number; words typed instead narrow the list down."""
@@ -4764,7 +4775,7 @@ class Session:
         while shown := [i for i, row in enumerate(rows) if words.lower() in row.lower()][:10]:
             for number, i in enumerate(shown, start=1):
                 self.reporter.say(f"{number:2}. {rows[i]}")
-            answer = self.read_line(f"{question} (1-{len(shown)}, or words to filter)? ", history=False).strip()
+            answer = self.read_line(f"{question} (1-{len(shown)})? ", history=False).strip()  # or words to narrow
             if answer.isdigit() and 1 <= int(answer) <= len(shown):
                 return shown[int(answer) - 1]
             if not (words := answer):
@@ -4873,8 +4884,8 @@ class Session:
                 if not line or self.command(line):
                     continue
                 prompt, command = self.prompt_for(line)
-            except (AgentError, KeyboardInterrupt, EOFError, OSError) as error:  # a command left: nothing changes
-                self.reporter.say(str(error) if isinstance(error, (AgentError, OSError)) else "cancelled")
+            except (AgentError, ToolError, KeyboardInterrupt, EOFError, OSError) as error:  # nothing changes
+                self.reporter.say("cancelled" if isinstance(error, (KeyboardInterrupt, EOFError)) else str(error))
                 continue
             messages, model = self.messages, self.agent.cfg.model
             self.mark, compactions, interrupted = len(messages), messages.compactions, 0.0
