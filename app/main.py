@@ -4669,6 +4669,7 @@ class Session:
             self.help()
         elif word == "/clear":
             del messages[1:]
+            self.checkpoints = []  # as the transcript's reader will see it
             say("started a new conversation")
         elif word == "/cost":
             say(agent.usage.line())
@@ -4897,6 +4898,8 @@ class Session:
                     outcome = self.agent.ask(messages, prompt)
             except (KeyboardInterrupt, Exception) as error:  # an unfinished turn leaves no trace; the session goes on
                 del messages[self.mark if messages.compactions == compactions else messages.floor:]
+                for checkpoint in [c for c in self.checkpoints if c["prompt"] >= len(messages)]:
+                    messages.note(checkpoint)  # what the cancelled turn changed stays undoable, after a resume too
                 self.display.end_turn()
                 self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
                 continue
