@@ -4110,6 +4110,11 @@ def paint(text: str, *styles: str) -> str:
     return f"\033[{';'.join(SGR[s] for s in styles)}m{text}\033[0m" if styles and text else text
 
 
+def width_of(text: str) -> int:
+    """The columns a drawn text takes (its escape sequences take none)."""
+    return len(re.sub(r"\033\[[0-9;]*m", "", text))
+
+
 @functools.cache
 def code_pattern(language: str) -> re.Pattern:
     """A language's comments, strings and keywords, as one pattern."""
@@ -4133,11 +4138,6 @@ def inline(text: str) -> str:
             return paint(code, "cyan") if code is not None else paint(label, "under") + paint(f" ({url})", "grey")
         return paint(inline(bold or bold2), "bold") if bold or bold2 else paint(inline(italic or italic2), "italic")
     return inline_pattern().sub(span, text)
-
-
-def width_of(text: str) -> int:
-    """The columns a drawn text takes (its escape sequences take none)."""
-    return len(re.sub(r"\033\[[0-9;]*m", "", text))
 
 
 class Markdown:
@@ -4447,10 +4447,8 @@ SESSION_KEYS = {
     "\\ at the end, Esc Enter": "a new line in the prompt", "Ctrl-R": "search earlier prompts",
     "Esc, Ctrl-C": "interrupt a turn", "Ctrl-C": "clear the line; at an empty prompt twice: leave",
 }
-INIT_PROMPT = ("Please analyse this codebase and write a CLAUDE.md file in the working directory (or improve the "
-               "existing one) for future agents working here: the commands to build, test and lint (and to run one "
-               "test), and the architecture that takes reading several files to see. Keep it short; no generic "
-               "advice.")
+INIT_PROMPT = ("Write a short CLAUDE.md in the working directory (or improve the one there) for agents working here: "
+               "how to build, test (one test too) and lint, and the architecture that takes several files to see.")
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
 
