@@ -1858,6 +1858,72 @@ def tool_skill(ctx: ToolContext, name: str, arguments: str = "") -> str:
     return ctx.fork(body) if skill.fork and ctx.fork else body
 
 
+# --- Custom commands and mentions -----------------------------------------------------------------
+
+
+class Command(NamedTuple):
+    """A custom slash command: a Markdown file in .claude/commands, in Claude Code's format."""
+
+    name: str
+    description: str
+    hint: str  # argument-hint
+    model: str  # the model for this prompt ("" for the session's)
+    allowed: tuple[str, ...]  # allowed-tools: tools that run without a question for this prompt
+    body: str
+
+
+def discover_commands(folders: list[Path]) -> dict[str, Command]:
+    """Custom commands under each folder's .claude/commands (subfolders too), earlier folders winning."""
+    commands: dict[str, Command] = {}
+    for base in folders:
+        for file in sorted((base / ".claude" / "commands").rglob("*.md")):
+            with contextlib.suppress(OSError, ValueError):
+                text = read_small(file, SKILL_LIMIT)
+                fields, body = parse_frontmatter(text) if text.lstrip("\ufeff").startswith("---") else ({}, text)
+                allowed = tuple(re.findall(r"[\w.-]+(?:\([^)]*\))?", fields.get("allowed-tools", "")))
+                commands.setdefault(file.stem, Command(file.stem, fields.get("description") or one_line(body, 60),
+                                                       fields.get("argument-hint", ""), fields.get("model", ""),
+                                                       allowed, body.strip()))
+    return commands
+
+
+def attach_mentions(cwd: Path, text: str) -> str:
+    """Text with each @path it mentions attached: a file's text (its head), a folder's listing."""
+    attached = []
+    for word in dict.fromkeys(re.findall(r"(?<!\S)@(\S+)", text)):
+        for name in dict.fromkeys((word, word.rstrip(".,;:!?)"))):
+            path = Path(cwd, os.path.expanduser(name))
+            with contextlib.suppress(OSError):
+                if path.is_dir():
+                    entries = sorted(entry.name + "/" * entry.is_dir() for entry in os.scandir(path))
+                    body = "\n".join(entries[:LIST_LIMIT] + [f"[{len(entries) - LIST_LIMIT} more]"] *
+                                     (len(entries) > LIST_LIMIT))
+                else:
+                    body = read_small(path, READ_LIMIT, head=True)
+                attached.append(f'<file path="{name}">\n{body.removesuffix(chr(10))}\n</file>')
+                break
+    return "\n\n".join([text, *attached])
+
+
+def inline_output(agent: Agent, line: str) -> str:
+    """A custom command's !`command` output, if the permission mode (or the user, asked) lets it run."""
+    why = agent.permit("Bash", {"command": line})
+    return f"[{line} was not run: {why}]" if why else tool_bash(agent.ctx, line)
+
+
+def render_command(command: Command, arguments: str, cwd: Path, run: Callable[[str], str]) -> str:
+    """A custom command's prompt: $ARGUMENTS and $1... filled in, !`command` outputs inlined, @files attached."""
+    words = arguments.split()
+    def value(match: re.Match) -> str:
+        number = match.group(1)
+        return arguments if number is None else words[int(number) - 1] if 0 < int(number) <= len(words) else ""
+    body = re.sub(r"\$ARGUMENTS\b|\$(\d+)", value, command.body)
+    if body == command.body and arguments.strip():
+        body += f"\n\nARGUMENTS: {arguments}"
+    body = re.sub(r"!`([^`\n]+)`", lambda m: run(m.group(1)).removesuffix("\n[exit code 0]"), body)
+    return attach_mentions(cwd, body)
+
+
 # --- Project instructions -------------------------------------------------------------------------
 
 
@@ -4351,8 +4417,9 @@ class Usage:
     def line(self) -> str:
         """A one-line summary for stderr."""
         cost = f", ${self.cost:.4f}" if self.cost is not None else ""
-        return (f"{self.requests} requests, {self.prompt_tokens} prompt tokens ({self.cached_tokens} cached, "
-                f"{self.cache_write_tokens} cache writes), {self.completion_tokens} completion tokens{cost}")
+        return (f"{self.requests} request{'s' * (self.requests != 1)}, {self.prompt_tokens} prompt tokens "
+                f"({self.cached_tokens} cached, {self.cache_write_tokens} cache writes), {self.completion_tokens} "
+                f"completion tokens{cost}")
 
 
 class Outcome(NamedTuple):
@@ -4603,6 +4670,7 @@ class Agent:
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
+        self.commands = discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))  # .claude/commands
         sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
@@ -5098,7 +5166,7 @@ class Reporter:
             with contextlib.suppress(ValueError):
                 self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"],
                                      "tool_input": parse_arguments(event["arguments"])})
-        if kind == "tool_result" and (self.cfg.verbose or self.interactive):
+        if kind == "tool_result" and self.cfg.verbose and not self.interactive:  # a session draws its own
             outcome = "error" if event["is_error"] else "ok"
             self.say(f"{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
                      f"{len(event['content'])} chars, {event['seconds']:.2f} s")
@@ -5237,6 +5305,12 @@ def choose_session(args: argparse.Namespace, cfg: Config, stdin: Any,
     return cfg._replace(session_id=session_id), target or None
 
 
+def stopped_message(outcome: Outcome) -> str:
+    """Which limit stopped a prompt, in words."""
+    limit = "--max-turns" if outcome.subtype == "error_max_turns" else "--max-cost"
+    return f"stopped: the {limit} limit was reached after {outcome.turns} turn{'s' * (outcome.turns != 1)}"
+
+
 def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams, started: float,
              resume: Path | None = None, fork: bool = False) -> int:
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
@@ -5251,15 +5325,18 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
                              "permissionMode": mode, "sandbox": cfg.sandbox, "version": VERSION, "uuid": new_uuid()})
     outcome, error, code = None, "", EXIT_OK
     try:
-        outcome = agent.ask(agent.conversation(resume, fork), prompt, context)
+        conversation = agent.conversation(resume, fork)
+        if command := agent.commands.get(prompt.partition(" ")[0][1:]) if prompt.startswith("/") else None:
+            prompt = render_command(command, prompt.partition(" ")[2], cfg.cwd, functools.partial(inline_output, agent))
+            agent.cfg = cfg._replace(model=command.model or cfg.model)
+        outcome = agent.ask(conversation, prompt, context)
     except (AgentError, KeyboardInterrupt, Terminated) as exc:
         code, error = exit_status(exc)
         reporter.say(error)
     finally:
         agent.close()
     if outcome and outcome.subtype != "success":
-        limit = "--max-turns" if outcome.subtype == "error_max_turns" else "--max-cost"
-        error, code = f"stopped: the {limit} limit was reached after {outcome.turns} turns", EXIT_LIMIT
+        error, code = stopped_message(outcome), EXIT_LIMIT
         reporter.say(error)
     if cfg.verbose:
         reporter.say(f"done: {reporter.turns} turns, {agent.usage.line()}")
@@ -5270,32 +5347,413 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     return code
 
 
-SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model [NAME] show or switch the model,
-/cost tokens and cost so far, /compact [FOCUS] summarise the conversation so far,
-/sessions this directory's sessions, /resume go on with one of them, /mcp the MCP servers,
-/trust forget your answers about this folder's .mcp.json servers, outside imports and settings (the next session
-asks), /permissions the permission rules in force and where each comes from,
-/mode [default|acceptEdits|plan|bypassPermissions] show or set what runs without asking,
-/exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
+# --- Terminal -------------------------------------------------------------------------------------
+# What a session draws: ANSI sequences of solo's own, only on terminals that take them (TERM not dumb, NO_COLOR
+# unset); pipes get the text byte for byte. Patterns are compiled on first use, so -p starts as before.
+
+SGR = {"bold": "1", "italic": "3", "under": "4", "red": "31", "green": "32", "magenta": "35", "cyan": "36",
+       "grey": "90"}
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+CHECKPOINT_BYTES = 1 << 20  # a file larger than this is not kept by a checkpoint
+RESULT_LINES = 8  # lines of a tool's output shown under its line: the first and the last
+KEYWORDS = {  # highlighted in fenced code blocks; C, Java, Go, Rust and their kin share a list
+    "python": "and as assert async await break class continue def del elif else except False finally for from global "
+              "if import in is lambda None not or pass raise return self True try while with yield",
+    "js": "async await break case catch class const continue default do else export extends false finally for from "
+          "function if import in instanceof let new null return static super switch this throw true try type typeof "
+          "undefined var while yield",
+    "c": "bool break case catch char class const continue default do double else enum false fn float for func if impl "
+         "import int interface let long match mut namespace new nil null package private pub public return self "
+         "static struct switch this throw true try type typedef unsigned use using var void while",
+    "sh": "case do done echo elif else esac exit export fi for function if in local return then until while",
+}
+LANGUAGES = {**dict.fromkeys(("py", "python3"), "python"), **dict.fromkeys(("bash", "shell", "zsh", "console"), "sh"),
+             **dict.fromkeys(("javascript", "jsx", "ts", "tsx", "typescript"), "js"),
+             **dict.fromkeys(("cpp", "c++", "h", "java", "go", "golang", "rust", "rs", "cs", "kotlin", "swift"), "c")}
+
+
+def paint(text: str, *styles: str) -> str:
+    """Text in ANSI styles, reset after."""
+    return f"\033[{';'.join(SGR[s] for s in styles)}m{text}\033[0m" if styles and text else text
+
+
+def width_of(text: str) -> int:
+    """The columns a drawn text takes (its escape sequences take none)."""
+    return len(re.sub(r"\033\[[0-9;]*m", "", text))
+
+
+@functools.cache
+def code_pattern(language: str) -> re.Pattern:
+    """A language's comments, strings and keywords, as one pattern."""
+    comment = r"#.*" if language in ("python", "sh") else r"//.*|/\*.*?\*/"
+    return re.compile(rf"(?P<grey>{comment})|(?P<green>\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`)"
+                      rf"|(?P<magenta>\b(?:{'|'.join(KEYWORDS[language].split())})\b)")
+
+
+@functools.cache
+def inline_pattern() -> re.Pattern:
+    """Markdown's inline spans: code, bold, italic, links."""
+    return re.compile(r"`([^`]+)`|\*\*(.+?)\*\*|__(.+?)__|(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?!\w)"
+                      r"|(?<!\w)_(?!\s)(.+?)(?<!\s)_(?!\w)|\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def inline(text: str) -> str:
+    """A line's inline Markdown drawn: `code` cyan, **bold**, *italic*, [links](url) underlined."""
+    def span(m: re.Match) -> str:
+        code, bold, bold2, italic, italic2, label, url = m.groups()
+        if code is not None or label is not None:
+            return paint(code, "cyan") if code is not None else paint(label, "under") + paint(f" ({url})", "grey")
+        return paint(inline(bold or bold2), "bold") if bold or bold2 else paint(inline(italic or italic2), "italic")
+    return inline_pattern().sub(span, text)
+
+
+class Markdown:
+    """Markdown drawn for a terminal as it streams: a line once complete, a code block or table once ended."""
+
+    def __init__(self) -> None:
+        self.partial, self.fence, self.language, self.held = "", "", "", []  # held: a code block's or table's lines
+
+    def feed(self, text: str, end: bool = False) -> str:
+        """Take a piece of the text; return what can be drawn now (all of it at the end)."""
+        *lines, self.partial = (self.partial + text + "\n" * (end and bool(self.partial + text))).split("\n")
+        return "".join(map(self.line, lines)) + (self.close() if end else "")
+
+    def line(self, line: str) -> str:
+        """One complete line, drawn, or held back in a code block or a table."""
+        if self.fence:
+            return self.close() if line.strip().startswith(self.fence) else self.held.append(line) or ""
+        if fence := re.match(r"\s*(```+|~~~+)\s*([\w+#.-]*)", line):
+            drawn, self.fence, self.language = self.close(), fence.group(1), fence.group(2).lower()
+            return drawn
+        if line.lstrip().startswith("|"):
+            return self.held.append(line.strip()) or ""
+        drawn = self.close()
+        if heading := re.match(r"(#{1,6})\s+(.*)", line):
+            return drawn + paint(inline(heading.group(2)), "bold", *["under"][:len(heading.group(1)) == 1]) + "\n"
+        if quote := re.match(r"\s*>\s?(.*)", line):
+            return drawn + paint("│ ", "grey") + paint(inline(quote.group(1)), "italic") + "\n"
+        if re.fullmatch(r"\s*([-*_])(\s*\1){2,}\s*", line):
+            return drawn + paint("─" * 40, "grey") + "\n"
+        return drawn + re.sub(r"^(\s*)[-*+]\s+", r"\1• ", inline(line)) + "\n"
+
+    def close(self) -> str:
+        """The code block (framed, highlighted) or the table (aligned) held back, drawn."""
+        held, self.held, language = self.held, [], LANGUAGES.get(self.language, self.language)
+        if self.fence:
+            self.fence = ""
+            code = [code_pattern(language).sub(lambda m: paint(m.group(), m.lastgroup), line)
+                    if language in KEYWORDS else line for line in held]
+            return "".join(f"{paint('│', 'grey')} {line}\n" for line in code).join(
+                (paint(f"╭─ {self.language}", "grey") + "\n", paint("╰─", "grey") + "\n"))
+        rows = [[inline(c.strip()) for c in row.strip("|").split("|")] for row in held]
+        rules = [bool(re.fullmatch(r"[|:\s-]+", row)) for row in held]
+        widths = [max((width_of(r[i]) for r, rule in zip(rows, rules) if i < len(r) and not rule), default=1)
+                  for i in range(max(map(len, rows), default=0))]
+        rule = paint("─┼─".join("─" * w for w in widths), "grey") + "\n"
+        return "".join(rule if is_rule else paint(" │ ", "grey").join(
+            c + " " * (w - width_of(c)) for c, w in zip(row + [""] * len(widths), widths)).rstrip() + "\n"
+            for row, is_rule in zip(rows, rules))
+
+
+def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> str:
+    """A change as shown: '--- +++', then at most DIFF_LINES numbered rows ('  12 -was'), coloured if asked."""
+    import difflib  # only when a change is shown: it costs start-up time
+    rows, at = [], [0, 0]
+    for line in list(difflib.unified_diff((old or "").splitlines(), new.splitlines(), lineterm="", n=1))[2:]:
+        if hunk := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", line):
+            at = [int(hunk.group(1)) or 1, int(hunk.group(2)) or 1]
+        sign = line[:1] if not hunk else "@"
+        row, style = visible(line if hunk else f"{at[sign != '-']:4} {line}"), {"-": "red", "+": "green"}.get(sign)
+        rows.append(paint(row, style) if colour and style else row)
+        at = [at[0] + (sign in " -"), at[1] + (sign in " +")]
+    more = [f"[... {len(rows) - DIFF_LINES} more lines of the change not shown]"] * (len(rows) > DIFF_LINES)
+    return "\n".join([f"--- {'/dev/null' if old is None else visible(path)}", f"+++ {visible(path)}",
+                      *rows[:DIFF_LINES], *more])
+
+
+def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
+    """The file a Write or Edit names, whether it exists, and its bytes (None when unreadable or too large)."""
+    path = Path(cwd, os.path.expanduser(str(args.get("file_path", ""))))
+    with contextlib.suppress(OSError):
+        if path.is_file() and path.stat().st_size <= CHECKPOINT_BYTES:
+            return path, True, path.read_bytes()
+    return path, path.exists(), None
+
+
+def result_summary(name: str, args: dict, content: str) -> list[str]:
+    """A few lines saying what a call gave: output's first and last lines, an error, a Read's range, a count."""
+    lines = re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).split("\n")
+    if name == "Read" and not content.startswith("Error:"):
+        count, first = sum(not line.startswith("[Showing") for line in lines), int(args.get("offset") or 1)
+        return [f"read lines {first}-{first + count - 1}"]
+    if name in ("Grep", "Glob") and not content.startswith(("Error:", "No ")):
+        count = sum(bool(line) and not line.startswith("[") for line in lines)
+        return [f"{count} {'line' if name == 'Grep' else 'file'}{'s' * (count != 1)}"]
+    lines = lines if name == "Bash" or content.startswith("Error:") else lines[:1]
+    if len(lines) > RESULT_LINES:
+        lines = [*lines[:RESULT_LINES // 2], f"… +{len(lines) - RESULT_LINES} lines", *lines[-RESULT_LINES // 2:]]
+    return [visible(one_line(line, 200)) for line in lines]
+
+
+class Display(Reporter):
+    """A session's screen: tool calls as they start and end, diffs, Markdown as it streams, a status line."""
+
+    def __init__(self, cfg: Config, streams: Streams, env: dict[str, str]):
+        fancy = env.get("TERM", "dumb") not in ("", "dumb") and "NO_COLOR" not in env
+        super().__init__(cfg, streams, interactive=True, fancy=fancy)
+        self.width, self.lock = 80, threading.RLock()
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.width = os.get_terminal_size(streams.stderr.fileno()).columns or 80
+        self.markdown = Markdown() if fancy and is_terminal(streams.stdout) else None
+        self.activity, self.since, self.status = "", 0.0, False  # what the status line shows, since when, if shown
+        self.tokens = self.chars = 0  # completion tokens of this session's replies; characters of the one coming
+        self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
+        self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
+
+    def paint(self, text: str, *styles: str) -> str:
+        """Text in styles, on a terminal that shows them."""
+        return paint(text, *styles) if self.fancy else text
+
+    def put(self, text: str, stream: Any = None) -> None:
+        """Text on stderr (or stdout), above the status line."""
+        with self.lock, contextlib.suppress(OSError):
+            if not text:
+                return
+            self.clear()
+            (stream or self.streams.stderr).write(text)
+            (stream or self.streams.stderr).flush()
+            self.draw()
+
+    def say(self, text: str) -> None:
+        """A note on stderr, above the status line."""
+        with self.lock:
+            self.clear()
+            super().say(text)
+            self.draw()
+
+    def thinking(self, on: bool) -> None:
+        """The status line says what happens instead."""
+
+    def clear(self) -> None:
+        """Take the status line off the screen."""
+        if self.status:
+            self.streams.stderr.write("\r\033[K")
+            self.status = False
+
+    def draw(self) -> None:
+        """Draw the status line: spinner, what runs, seconds, tokens, how to stop it."""
+        with self.lock, contextlib.suppress(OSError):
+            if self.fancy and self.activity:
+                seconds = time.monotonic() - self.since
+                text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
+                        f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
+                self.streams.stderr.write("\r\033[K" + paint(text[:self.width - 1], "grey"))
+                self.streams.stderr.flush()
+                self.status = True
+
+    def working(self, activity: str, since: float | None = None) -> None:
+        """Say on the status line what is happening now ("" when nothing is)."""
+        with self.lock:
+            self.activity, self.since = activity, time.monotonic() if since is None else since
+            self.clear() if not activity else self.draw()
+
+    @contextlib.contextmanager
+    def question(self) -> Iterator[None]:
+        """While the user answers: no status line, and the time is not counted as a tool's."""
+        activity, since, started = self.activity, self.since, time.monotonic()
+        self.working("")
+        try:
+            yield
+        finally:
+            self.asked += time.monotonic() - started
+            self.working(activity, since + time.monotonic() - started)
+
+    def end_turn(self) -> None:
+        """The turn is over (or cancelled): no status line, half-drawn answer or running call."""
+        self.working("")
+        self.calls.clear()
+        self.markdown = self.markdown and Markdown()
+
+    def __call__(self, event: dict) -> None:
+        """Take one event, drawing tool calls and the end of a reply."""
+        with self.lock:
+            if event["type"] == "assistant":
+                self.tokens += int((event.get("usage") or {}).get("completion_tokens") or 0) or self.chars // 4
+                self.chars = 0
+                self.put(self.markdown.feed("", end=True), self.streams.stdout) if self.markdown else None
+            elif event["type"] in ("tool_call", "tool_result"):
+                self.start_call(event) if event["type"] == "tool_call" else self.end_call(event)
+            elif event["type"] == "request":
+                self.working("thinking")
+            super().__call__(event)
+
+    def delta(self, delta: dict) -> None:
+        """A piece of the answer: drawn as Markdown line by line on a terminal, as it comes elsewhere."""
+        text = delta.get("content")
+        self.chars += len(text) if isinstance(text, str) else 0
+        with self.lock:
+            if not self.markdown or not isinstance(text, str):
+                self.clear()
+                return super().delta(delta)
+            self.streamed = True
+            self.put(self.markdown.feed(for_terminal(text, self.streams.stdout)), self.streams.stdout)
+
+    def answer(self, text: str) -> None:
+        """A whole answer, drawn as Markdown on a terminal."""
+        if not self.markdown:
+            return super().answer(text)
+        self.put(Markdown().feed(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout), end=True),
+                 self.streams.stdout)
+
+    def start_call(self, event: dict) -> None:
+        """A tool call's line, as it starts; a file's content before a change, for its diff."""
+        try:
+            args = parse_arguments(event["arguments"])
+        except ValueError:
+            args = {}
+        what = next((args[k] for k in ("command", "file_path", "pattern", "url") if isinstance(args.get(k), str)),
+                    json.dumps(args, ensure_ascii=False))
+        label = f"{event['name']}({visible(one_line(what, 80))})"
+        before = file_before(self.cfg.cwd, args)[1:] if event["name"] in ("Write", "Edit") else (False, None)
+        self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
+        self.put(self.paint("● ", "green") + self.paint(label, "bold") + "\n")
+        self.shown = event["id"]
+        self.working(label)
+
+    def end_call(self, event: dict) -> None:
+        """A tool call's result in a few lines (a file change as its diff, unless asked about), and its time."""
+        label, started, asked, (existed, old), args = self.calls.pop(event["id"])
+        seconds = time.monotonic() - started - (self.asked - asked)
+        name, path, self.last = event["name"], str(args.get("file_path")), f"{label}\n{event['content']}"
+        rows = result_summary(name, args, event["content"])
+        if name in ("Write", "Edit") and not event["is_error"]:
+            rows, after = [f"{'changed' if existed else 'created'} {visible(path)}"], file_before(self.cfg.cwd, args)[2]
+            if asked == self.asked and after is not None and (old is not None or not existed):  # not asked: shown now
+                old = None if old is None else old.decode(errors="replace")
+                rows += shown_diff(path, old, after.decode(errors="replace"), self.fancy).split("\n")
+        rows[0] += self.paint(f" ({seconds:.1f} s)", "grey")
+        head = "" if self.shown == event["id"] else self.paint("● ", "green") + self.paint(label, "bold") + "\n"
+        rows = [self.paint(row, "red") if event["is_error"] else row for row in rows]
+        self.put(head + "\n".join(("  ⎿ " if i == 0 else "    ") + row for i, row in enumerate(rows)) + "\n")
+        self.shown = event["id"]
+        self.working("thinking" if not self.calls else self.activity)
+
+
+class Keys:
+    """The terminal during a turn, read by a thread: Esc interrupts, other keys wait for the next prompt."""
+
+    def __init__(self, fd: int | None, tick: Callable[[], None]):
+        self.fd, self.tick, self.kept, self.thread, self.saved = fd, tick, "", None, None
+        self.wake = os.pipe() if fd is not None else (-1, -1)
+
+    def start(self) -> None:
+        """Take the terminal (Ctrl-C still sends SIGINT) and start reading it."""
+        import termios
+        if self.fd is not None and not self.thread:
+            with signals_held(), contextlib.suppress(termios.error):  # a Ctrl-C lands after: the pair stays whole
+                self.saved = termios.tcgetattr(self.fd)
+                termios.tcsetattr(self.fd, termios.TCSANOW, [*self.saved[:3], self.saved[3] & ~(termios.ICANON |
+                                  termios.ECHO), *self.saved[4:]])
+                self.thread = threading.Thread(target=self.read, args=(threading.main_thread().ident,), daemon=True)
+                self.thread.start()
+
+    def stop(self) -> bool:
+        """Stop reading and give the terminal back as it was; whether it was being read."""
+        import termios
+        if not (thread := self.thread):
+            return False
+        with signals_held():
+            os.write(self.wake[1], b".")
+            thread.join()
+            os.read(self.wake[0], 1)
+            self.thread = None
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
+        return True
+
+    @contextlib.contextmanager
+    def reading(self, on: bool = True) -> Iterator[None]:
+        """Read keys for the time of a block (a turn), or with `on` false stop for it (a question in a turn)."""
+        was = self.stop() if not on else self.start()
+        try:
+            yield
+        finally:
+            self.stop() if on else was and self.start()
+
+    def read(self, main: int) -> None:
+        """Read keys until woken: a lone Esc interrupts the main thread, text is kept, other keys are dropped."""
+        while True:
+            if not (ready := select.select([self.fd, self.wake[0]], [], [], 0.1)[0]):
+                self.tick()
+            elif not (data := "" if self.wake[0] in ready else os.read(self.fd, 1024).decode(errors="ignore")):
+                return
+            elif data == "\x1b" and not select.select([self.fd], [], [], 0.05)[0]:
+                signal.pthread_kill(main, signal.SIGINT)
+            else:
+                for key in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL):
+                    self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + "\n" if key in "\r\n" \
+                        else self.kept + key if len(key) == 1 and key.isprintable() else self.kept
+
+
+# --- Session --------------------------------------------------------------------------------------
+
+
+SESSION_COMMANDS = {  # the session's own commands, for /help, Tab and "did you mean"
+    "/help": "this table", "/clear": "start a new conversation", "/model [NAME]": "show or switch the model",
+    "/cost": "requests, tokens and cost so far", "/compact [FOCUS]": "summarise the conversation so far",
+    "/init": "ask the model to write or improve CLAUDE.md for this project",
+    "/rewind": "go back to before an earlier prompt: conversation, files or both (Esc Esc)",
+    "/expand": "the last tool result whole, in a pager (Ctrl-O)",
+    "/sessions": "this directory's sessions", "/resume": "go on with one of them", "/mcp": "the MCP servers",
+    "/permissions": "the permission rules in force and where each comes from",
+    "/trust": "forget your answers about this folder's .mcp.json servers, outside imports and settings",
+    "/mode [MODE]": "show or set what runs without asking: " + ", ".join(PERMISSION_MODES), "/exit": "leave (Ctrl-D)",
+}
+SESSION_KEYS = {
+    "!command": "run a command; its output goes with your next prompt", "#text": "add a line to ./CLAUDE.md",
+    "@path": "attach a file or a folder's listing", "Tab": "complete /commands and @paths",
+    "\\ at the end, Esc Enter": "a new line in the prompt", "Ctrl-R": "search earlier prompts",
+    "Esc, Ctrl-C": "interrupt a turn", "Ctrl-C": "clear the line; at an empty prompt twice: leave",
+}
+INIT_PROMPT = ("Write a short CLAUDE.md in the working directory (or improve the one there) for agents working here: "
+               "how to build, test (one test too) and lint, and the architecture that takes several files to see.")
+SESSION_HELP = "\n".join(f"{name:17} {what}" for name, what in SESSION_COMMANDS.items())  # for --help
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
+MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
 
 
-def describe_call(cwd: Path, tool: str, args: dict) -> str:
-    """What a call will do, shown whole before the user allows it: every line of a command, a file change's diff."""
+def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
+    """What a call will do, shown whole before it is allowed: every line of a command, or a file change's diff."""
     if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
         text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
         blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
         return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
-    import difflib  # only when asking: it costs start-up time
     path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
+    _, exists, data = file_before(cwd, args)
+    text = data.decode(errors="replace") if data is not None else None
     if tool == "Write":
-        target, new = Path(cwd, os.path.expanduser(path)), str(args.get("content", ""))
-        with contextlib.suppress(OSError):
-            old = read_small(target)
-    diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1))[2:]
-    more = [f"[... {len(diff) - DIFF_LINES} more lines of the change not shown]"] if len(diff) > DIFF_LINES else []
+        old, new = text or "", str(args.get("content", ""))
+    elif text is not None and old and old in text:
+        old, new = text, text.replace(old, new, -1 if args.get("replace_all") is True else 1)
     every = " (every occurrence)" if args.get("replace_all") is True else ""
-    return visible(path) + every + "\n" + visible("\n".join(diff[:DIFF_LINES] + more))
+    diff = shown_diff(path, old if exists else None, new, colour)
+    return f"{'change' if exists else 'create'} {visible(path)}{every}\n{diff}"
+
+
+def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
+    """A transcript's first and last prompt, whether it ended unanswered, and its prompts' checkpoints."""
+    first, last, role, kept = "", "", "", []
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        for line in f:
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                if line.startswith((b'{"role": ', b'{"type": "checkpoint"', b'{"type": "truncate"')):
+                    entry = json.loads(line)
+                    role = entry.get("role", role)
+                    last = one_line(content_text(entry), 60) if entry.get("role") == "user" else last
+                    first = first or last
+                    kept = [c for c in kept if c["prompt"] < entry["keep"]] if entry.get("type") == "truncate" else \
+                        kept + [entry] * (entry.get("type") == "checkpoint")
+    return first, last, role != "assistant", kept
 
 
 class Session:
@@ -5305,9 +5763,74 @@ class Session:
                  fork: bool = False):
         if not is_terminal(streams.stderr):  # its prompts and questions would go where the user cannot see them
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
-        self.streams, self.resume = streams, (resume, fork)
-        self.reporter = Reporter(cfg, streams, interactive=True, fancy=env.get("TERM", "dumb") not in ("", "dumb"))
-        self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm, ask_trust=self.ask_trust)
+        self.streams, self.resume, self.env = streams, (resume, fork), env
+        self.reporter = self.display = Display(cfg, streams, env)
+        self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display.draw)
+        self.checkpoints: list[dict] = []  # the files Write and Edit changed, as they were before each prompt
+        self.pending: list[str] = []  # `!command` outputs that go with the next prompt
+        self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
+        self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
+
+    def event(self, event: dict) -> None:
+        """An event of the agent's, shown; before a Write or Edit, the file as it was is kept (a checkpoint)."""
+        if event["type"] == "tool_call" and event["name"] in ("Write", "Edit"):
+            with contextlib.suppress(ValueError):
+                self.checkpoint(parse_arguments(event["arguments"]))
+        self.display(event)
+
+    def checkpoint(self, args: dict) -> None:
+        """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
+        path, exists, data = file_before(self.agent.cfg.cwd, args)
+        if not any(c["prompt"] == self.mark and c["path"] == os.path.abspath(path) for c in self.checkpoints):
+            self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": os.path.abspath(path),
+                                     "exists": exists, "bytes": data and data.decode("latin-1")})
+            self.messages.note(self.checkpoints[-1])
+
+    def setup_readline(self) -> None:
+        """Tab completion, key bindings, and this project's prompt history (kept 0600 in SOLO_HOME)."""
+        import readline
+        readline.set_completer_delims(" \t\n")
+        readline.set_completer(self.complete)
+        for binding in ("tab: complete", r'"\e\C-m": "\C-v\C-j"', r'"\e\e": "\C-e\C-v\C-_rewind\C-m"',
+                        r'"\C-o": "\C-e\C-v\C-_expand\C-m"'):
+            readline.parse_and_bind(binding)
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # GNU readline: Esc Esc acts at once, even
+            if "libedit" not in (readline.__doc__ or ""):  # where an inputrc binds "\e\e[C" and makes it a prefix
+                import ctypes
+                lib, libc = ctypes.CDLL(readline.__file__), ctypes.CDLL(None)
+                lib.rl_get_keymap_by_name.restype = libc.strdup.restype = ctypes.c_void_p
+                fields = [("type", ctypes.c_char), ("function", ctypes.c_void_p)]
+                entry = type("Entry", (ctypes.Structure,), {"_fields_": fields})  # readline's KEYMAP_ENTRY
+                meta = lib.rl_get_keymap_by_name(b"emacs-meta")  # its ESC entry becomes a macro (type 2), not a map
+                macro = libc.strdup(b"\x05\x16\x1frewind\r")  # C-e C-v C-_ rewind Enter, as bound above
+                entry.from_address(meta + 27 * ctypes.sizeof(entry)).__init__(b"\x02", macro)
+        folder = Sessions(self.agent.cfg).folder
+        if folder and self.agent.cfg.persist:
+            with contextlib.suppress(OSError):
+                private_folder(folder)
+                os.close(os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+                readline.clear_history()
+                readline.read_history_file(folder / "history")
+                self.history = folder / "history"
+
+    def complete(self, text: str, state: int) -> str | None:
+        """Tab: commands after a '/' that starts the line, paths after '@'."""
+        import readline
+        found: list[str] = []
+        if text.startswith("/") and readline.get_begidx() == 0:
+            found = [name for name in self.command_names() if name.startswith(text)]
+        elif text.startswith("@"):
+            folder, _, start = text[1:].rpartition("/")
+            with contextlib.suppress(OSError):
+                entries = os.scandir(Path(self.agent.cfg.cwd, os.path.expanduser(folder or ".")))
+                found = sorted(f"@{folder}{'/' if folder else ''}{e.name}{'/' * e.is_dir()}" for e in entries
+                               if e.name.startswith(start) and (start[:1] == "." or e.name[:1] != "."))
+        return found[state] if state < len(found) else None
+
+    def command_names(self) -> list[str]:
+        """Every /name the session knows: its own, custom commands, skills."""
+        return [name.split()[0] for name in SESSION_COMMANDS] + [f"/{name}" for name in (
+            *self.agent.commands, *self.agent.skills)]
 
     def read_line(self, prompt: str, *, history: bool = True) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
@@ -5317,27 +5840,50 @@ class Session:
         os.dup2(2, 1)
         # readline's select() sleeps through a Ctrl-C that lands just before it starts: a tick wakes it to see it
         signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
+        prefill, self.prefill = self.prefill, ""
+        if prefill:  # only then: a Ctrl-C landing in a hook is swallowed by readline
+            readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()))
         try:
-            line = input(prompt)
+            with self.display.question(), self.keys.reading(False):
+                line = input(prompt)
         finally:
+            readline.set_pre_input_hook(None)
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, alarm)
             os.dup2(saved, 1)
             os.close(saved)
-        if not history and line.strip():
+        if (not history or MARK in line) and line.strip():
             readline.remove_history_item(readline.get_current_history_length() - 1)
+        elif self.history and line.strip():
+            with contextlib.suppress(OSError):
+                readline.append_history_file(1, self.history)
         return line
 
     def read_prompt(self) -> str:
-        """The next prompt; a paste of several lines is one prompt."""
+        """The next prompt: a paste is one prompt, a trailing backslash goes on, Esc Esc and Ctrl-O give commands."""
+        kept, self.keys.kept = self.keys.kept, ""
+        if "\n" in kept:  # a line typed during the turn, Enter and all: the next prompt
+            line, _, self.keys.kept = kept.partition("\n")
+            self.streams.stderr.write(f"> {line}\n")
+            return line.strip()
+        self.prefill = self.prefill or kept
         lines = [self.read_line("> ")]
+        if MARK in lines[0]:
+            text, _, action = lines[0].rpartition(MARK)
+            if self.display.fancy:
+                self.streams.stderr.write("\033[A\r\033[K")  # the bound key's text is not left on the screen
+            self.prefill = text if action == "expand" else ""
+            return f"/{action}" if action == "expand" or not text.strip() else ""
         with contextlib.suppress(EOFError):
-            while select.select([self.streams.stdin], [], [], 0.05)[0]:  # the rest of a paste is already here
-                lines.append(self.read_line(""))
+            # a line ending in a backslash goes on; the rest of a paste is already here
+            while (more := lines[-1].endswith("\\")) or select.select([self.streams.stdin], [], [], 0.05)[0]:
+                lines[-1] = lines[-1][:-1] if more else lines[-1]
+                lines.append(self.read_line("… " if more else ""))
         return "\n".join(lines).strip()
 
     def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
         """The first letter of the user's answer, asked until it is one of `answers`; "" for Ctrl-D."""
+        self.keys.kept = ""
         with contextlib.suppress(OSError, ValueError):  # what was typed before the question does not answer it
             import termios
             termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
@@ -5354,12 +5900,16 @@ class Session:
     def confirm(self, tool: str, args: dict, proposals: tuple[str, ...]) -> str:
         """Ask before a call runs, showing it whole and the rules an `always` answer adds: y (once), n, a (this
         session), or s (and save them in .claude/settings.local.json: for commands and MCP tools); "n" for Ctrl-D."""
-        what = describe_call(self.agent.cfg.cwd, tool, args)
+        what = describe_call(self.agent.cfg.cwd, tool, args, self.display.fancy)
         if running := orphans(self.agent.spawner.pids):  # they could type into this terminal or redraw it
             self.reporter.say("still running from earlier commands:\n" + "\n".join(
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
-        self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to change {what}"
-                          if tool in EDITORS else f"{tool} wants to run with {what}")
+        if tool in EDITORS:
+            head, _, diff = what.partition("\n")
+            self.reporter.say(f"{tool} wants to {head}")
+            self.display.put(diff + "\n")
+        else:
+            self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to run with {what}")
         if not proposals:  # an ask rule: nothing to remember
             return self.choose(f"Allow {tool}? [y/n] ", "Please answer y (yes) or n (no): ", ("y", "yes", "n", "no")) \
                 or "n"
@@ -5380,52 +5930,65 @@ class Session:
         return answer == "y" if answer else None
 
     def command(self, line: str) -> bool:
-        """Handle a /command; False when the line is not one."""
+        """Handle a /command, a !command or a #note; False when the line is a prompt."""
         word, _, rest = line.partition(" ")
-        messages, agent = self.messages, self.agent
-        if word == "/help":
-            self.reporter.say(SESSION_HELP)
+        messages, agent, say = self.messages, self.agent, self.reporter.say
+        if line.startswith("!"):
+            self.run_command(line[1:].strip())
+        elif line.startswith("#"):
+            self.remember(line[1:].strip())
+        elif word == "/help":
+            self.help()
         elif word == "/clear":
             del messages[1:]
-            self.reporter.say("started a new conversation")
+            self.checkpoints = []  # as the transcript's reader will see it
+            say("started a new conversation")
             agent.start_session("clear")
         elif word == "/permissions":
             self.show_permissions()
         elif word == "/cost":
-            self.reporter.say(agent.usage.line())
+            say(agent.usage.line())
         elif word == "/model":
             if rest.strip():
                 agent.model.check_model(rest.strip())
                 agent.cfg = agent.cfg._replace(model=rest.strip())
                 messages.note({"type": "model", "model": agent.cfg.model})
-            self.reporter.say(f"model: {agent.cfg.model}")
+            say(f"model: {agent.cfg.model}")
         elif word == "/compact":
             if not agent.compactor.compact(agent.cfg, messages, estimate_tokens(messages), "manual", rest.strip()):
-                self.reporter.say("the conversation was not compacted")
+                say("the conversation was not compacted")
         elif word == "/mode":
             if rest.strip() not in (*PERMISSION_MODES, ""):
                 raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
             agent.cfg = agent.cfg._replace(permission_mode=rest.strip() or agent.cfg.permission_mode)
-            self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
+            say(f"permission mode: {agent.cfg.permission_mode}")
         elif word == "/mcp":
             for server in agent.servers or []:
                 count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
                 why = f" ({server.error})" if server.error else ""
-                self.reporter.say(f"{server.name}: {server.state}{why}, {count} tools")
+                say(f"{server.name}: {server.state}{why}, {count} tools")
             for name in agent.trust.skipped:
-                self.reporter.say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
+                say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
             if not agent.servers and not agent.trust.skipped:
-                self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
+                say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/trust":
             forget(agent.cfg.solo_home, agent.cfg.cwd)
-            self.reporter.say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and "
-                              "settings: the next session here asks again")
+            say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and settings: the "
+                "next session here asks again")
         elif word == "/sessions":
             sessions = Sessions(agent.cfg)
             for path in itertools.islice(sessions.recent(), 10):
-                self.reporter.say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
+                say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
         elif word == "/resume":
             self.resume_picked()
+        elif word == "/rewind":
+            self.rewind()
+        elif word == "/expand":
+            self.expand()
+        elif re.fullmatch(r"/[\w.:-]+", word) and word not in self.command_names():
+            import difflib
+            close = difflib.get_close_matches(word, self.command_names(), n=3, cutoff=0.6)
+            say(f"unknown command {word}: " + (f"did you mean {' or '.join(close)}?" if close else "see /help"))
         else:
             return False
         return True
@@ -5444,12 +6007,114 @@ class Session:
                               "start a session here)")
         self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
 
+    def help(self) -> None:
+        """The commands and keys, as a table."""
+        commands = {**SESSION_COMMANDS, **{f"/{c.name} {c.hint}".strip(): c.description
+                                           for c in self.agent.commands.values()},
+                    **{f"/{s.name}": one_line(s.description, 70) for s in self.agent.skills.values()}, "Keys:": ""}
+        width = max(map(len, [*commands, *SESSION_KEYS]))
+        self.display.put("Commands:\n" + "".join(f"  {self.display.paint(name.ljust(width), 'bold')}  {what}\n"
+                                                  for name, what in {**commands, **SESSION_KEYS}.items()))
+
+    def run_command(self, command: str) -> None:
+        """Run the user's own command (in the sandbox, if any); show its output and keep it for the next prompt."""
+        with self.keys.reading():
+            self.display.working(f"!{visible(one_line(command, 60))}")
+            try:
+                output = tool_bash(self.agent.ctx, command)
+            finally:
+                self.display.working("")
+        self.display.put(visible(output) + "\n")
+        self.pending.append(f"I ran this command myself:\n$ {command}\n{output}")
+
+    def remember(self, text: str) -> None:
+        """Add a line to the project's CLAUDE.md, if the user says so."""
+        path = self.agent.cfg.cwd / "CLAUDE.md"
+        if text and self.choose("Add this line to ./CLAUDE.md? [y/n] ", "Please answer y (yes) or n (no): ",
+                                ("y", "yes", "n", "no")) == "y":
+            old = read_small(path) if path.exists() else ""
+            with open(path, "a", encoding="utf-8") as f:
+                f.write("\n" * (old[-1:] not in ("", "\n")) + text + "\n")
+            self.reporter.say(f"added to {path}; it is read at the start of the next session")
+
+    def expand(self) -> None:
+        """The last tool result whole, through the pager ($PAGER, or less)."""
+        if not self.display.last:
+            return self.reporter.say("no tool has run yet")
+        import shlex
+        try:
+            subprocess.run(shlex.split(self.env.get("PAGER") or "less -R"), stdout=self.streams.stderr.fileno(),
+                           input=(visible(self.display.last) + "\n").encode(), check=False)
+        except (OSError, ValueError):
+            self.display.put(visible(self.display.last) + "\n")
+
+    def prompt_for(self, line: str) -> tuple[str, Command | None]:
+        """What a line sends (/init's request, a custom command's text, @paths attached, !outputs), and its command."""
+        word, _, rest = line.partition(" ")
+        command = self.agent.commands.get(word[1:]) if word.startswith("/") else None
+        if command:
+            line = render_command(command, rest, self.agent.cfg.cwd, lambda line: tool_bash(self.agent.ctx, line)
+                                  if "Bash" in command.allowed else inline_output(self.agent, line))
+        else:
+            line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
+        prompt, self.pending = "\n\n".join([*self.pending, line]), []
+        return prompt, command
+
+    def pick(self, rows: list[str], question: str) -> int:
+        """The index of the row the user picks by its number; words typed instead narrow the list down."""
+        words = ""
+        while shown := [i for i, row in enumerate(rows) if words.lower() in row.lower()][:10]:
+            for number, i in enumerate(shown, start=1):
+                self.reporter.say(f"{number:2}. {rows[i]}")
+            answer = self.read_line(f"{question} (1-{len(shown)})? ", history=False).strip()  # or words to narrow
+            if answer.isdigit() and 1 <= int(answer) <= len(shown):
+                return shown[int(answer) - 1]
+            if not (words := answer):
+                break
+        raise UsageError("nothing was chosen" if words or rows else "there is nothing to choose from")
+
+    def rewind(self) -> None:
+        """Go back to before an earlier prompt: the conversation, the files Write and Edit changed, or both."""
+        prompts = [(i, m) for i, m in enumerate(self.messages) if m.get("role") == "user"][-9:]
+        changed = [len({c["path"] for c in self.checkpoints if c["prompt"] >= i}) for i, _ in prompts]
+        index, message = prompts[self.pick([visible(one_line(content_text(m), 70)) + (
+            f"  [{n} file{'s' * (n != 1)} changed since]" if n else "") for (_, m), n in zip(prompts, changed)],
+            "Go back to before which prompt")]
+        what = self.choose("Restore the conversation (c), the files (f) or both (b)? ",
+                           "Please answer c (conversation), f (files) or b (both): ", ("c", "f", "b"))
+        if what in ("f", "b"):
+            self.restore(index)
+        if what in ("c", "b"):
+            del self.messages[index:]
+            self.checkpoints = [c for c in self.checkpoints if c["prompt"] < index]
+            self.prefill = content_text(message)
+            self.reporter.say("the conversation is back to before that prompt, which is yours to edit and send")
+
+    def restore(self, index: int) -> None:
+        """Put back the files Write and Edit changed since prompt `index`, as they were before it."""
+        kept: dict[str, dict] = {}
+        for checkpoint in self.checkpoints:
+            kept.setdefault(checkpoint["path"], checkpoint) if checkpoint["prompt"] >= index else None
+        big = [path for path, c in kept.items() if c["exists"] and c["bytes"] is None]
+        for path, c in kept.items():
+            with contextlib.suppress(OSError):
+                if not c["exists"]:
+                    os.unlink(path)
+                elif c["bytes"] is not None:
+                    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None
+                    replace_file(Path(path), c["bytes"].encode("latin-1"), mode)
+        self.reporter.say(f"restored: {', '.join(p for p in kept if p not in big) or 'no file'}" +
+                          (f"; too large to keep: {', '.join(big)}" if big else "") +
+                          ". Files changed by commands (Bash) are not tracked and were not restored.")
+
     def resume_picked(self) -> None:
-        """Go on with a session the user picks; on any failure the current one goes on as it was."""
-        path = pick_session(Sessions(self.agent.cfg), self.reporter.say, lambda q: self.read_line(q, history=False))
-        current, messages = self.agent.cfg.session_id, self.messages
-        if path.stem == current:
-            raise UsageError("that is this session")
+        """Go on with a session the user picks (not this one, failed runs last); on any failure this one goes on."""
+        sessions, current = Sessions(self.agent.cfg), self.agent.cfg.session_id
+        found = sorted(((path, *read_record(path)[:3]) for path in sessions.recent(asked=True) if path.stem != current),
+                       key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
+        rows = [sessions.describe(path) + (f" … {last}" if last != first else "") +
+                " (ended without an answer)" * failed for path, first, last, failed in found]
+        path, messages = found[self.pick(rows, "Resume which")][0], self.messages
         self.agent.use_session(path.stem)
         try:
             self.messages = self.agent.conversation(path)
@@ -5458,7 +6123,18 @@ class Session:
             raise
         if messages.transcript:
             messages.transcript.close()
+        self.resumed(path)
+
+    def resumed(self, path: Path) -> None:
+        """Say which session goes on, with its last exchange; take its checkpoints."""
+        self.checkpoints = read_record(path)[3] if self.messages.transcript else []
         self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
+        prompt = next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
+        answer = next((m for m in reversed(self.messages) if m.get("role") == "assistant" and content_text(m)), None)
+        if prompt:
+            self.display.put(self.display.paint(f"▸ {visible(one_line(content_text(prompt), 200))}", "grey") + "\n")
+        if answer:
+            self.reporter.answer(content_text(answer))
 
     def run(self) -> int:
         """The session, its MCP servers ended whatever way it ends."""
@@ -5471,7 +6147,10 @@ class Session:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""
         import readline
         self.messages, interrupted = self.agent.conversation(*self.resume), 0.0
+        self.setup_readline()
         self.reporter.say(f"solo {VERSION}, model {self.agent.cfg.model}. /help for commands, Ctrl-D to leave.")
+        if self.resume[0]:
+            self.resumed(self.resume[0])
         while True:
             try:
                 line = self.read_prompt()
@@ -5495,22 +6174,38 @@ class Session:
             try:
                 if not line or self.command(line):
                     continue
-            except (AgentError, KeyboardInterrupt, EOFError) as error:  # a command's question left: nothing changes
-                self.reporter.say(str(error) if isinstance(error, AgentError) else "cancelled")
+                prompt, command = self.prompt_for(line)
+            except (AgentError, ToolError, KeyboardInterrupt, EOFError, OSError) as error:  # nothing changes
+                self.reporter.say("cancelled" if isinstance(error, (KeyboardInterrupt, EOFError)) else str(error))
                 continue
-            messages = self.messages
-            mark, compactions, interrupted = len(messages), messages.compactions, 0.0
+            messages, model = self.messages, self.agent.cfg.model
+            self.mark, compactions, interrupted = len(messages), messages.compactions, 0.0
+            self.agent.cfg = self.agent.cfg._replace(model=command.model if command and command.model else model)
+            granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
+                                         for text in command.allowed) if isinstance(rule, Rule)] if command else []
+            self.agent.rules["allow"] += granted  # for this prompt only
             try:
-                outcome = self.agent.ask(messages, line)
+                with self.keys.reading():
+                    outcome = self.agent.ask(messages, prompt)
             except (KeyboardInterrupt, Exception) as error:  # an unfinished turn leaves no trace; the session goes on
-                del messages[mark if messages.compactions == compactions else messages.floor:]
+                del messages[self.mark if messages.compactions == compactions else messages.floor:]
+                for checkpoint in [c for c in self.checkpoints if c["prompt"] >= len(messages)]:
+                    messages.note(checkpoint)  # what the cancelled turn changed stays undoable, after a resume too
+                self.display.end_turn()
                 self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
                 continue
+            finally:
+                self.agent.cfg = self.agent.cfg._replace(model=model)
+                self.agent.rules["allow"] = [r for r in self.agent.rules["allow"] if all(r is not g for g in granted)]
+            self.display.end_turn()
             with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing
                 if outcome.subtype != "success":
-                    self.reporter.say(f"stopped: {outcome.subtype}")
+                    self.reporter.say(stopped_message(outcome))
                 elif not self.reporter.answered:  # a streamed answer is on the screen already
                     self.reporter.answer(outcome.answer)
+
+
+# --- Main -----------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, streams: Streams | None = None) -> int:
