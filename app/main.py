@@ -1887,12 +1887,16 @@ def discover_commands(folders: list[Path]) -> dict[str, Command]:
     return commands
 
 
-def attach_mentions(cwd: Path, text: str) -> str:
-    """Text with each @path it mentions attached: a file's text (its head), a folder's listing."""
+def attach_mentions(cwd: Path, text: str, inside: bool = False) -> str:
+    """Text with each @path it mentions attached: a file's text (its head), a folder's listing; with `inside`, only
+    what lies in the working directory (a command file's mentions: it may be a repository's)."""
     attached = []
     for word in dict.fromkeys(re.findall(r"(?<!\S)@(\S+)", text)):
         for name in dict.fromkeys((word, word.rstrip(".,;:!?)"))):
             path = Path(cwd, os.path.expanduser(name))
+            if inside and not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(cwd)):
+                attached.append(f'<file path="{name}">[not attached: outside the working directory]</file>')
+                break
             with contextlib.suppress(OSError):
                 if path.is_dir():
                     entries = sorted(entry.name + "/" * entry.is_dir() for entry in os.scandir(path))
@@ -1906,9 +1910,14 @@ def attach_mentions(cwd: Path, text: str) -> str:
 
 
 def inline_output(agent: Agent, line: str) -> str:
-    """A custom command's !`command` output, if the permission mode (or the user, asked) lets it run."""
-    why = agent.permit("Bash", {"command": line})
-    return f"[{line} was not run: {why}]" if why else tool_bash(agent.ctx, line)
+    """A custom command's !`command` output, if its PreToolUse hooks and the permission check (rules, mode, or the
+    user, asked) let it run."""
+    call = {"id": f"command_{os.urandom(4).hex()}", "type": "function",
+            "function": {"name": "Bash", "arguments": json.dumps({"command": line})}}
+    call, refused = admit(call, agent.tools, agent.ctx, agent.hooks)
+    if refused:
+        return f"[{line} was not run: {refused.removeprefix('Error: ')}]"
+    return settle(call, run_tool_call(call, agent.tools, agent.ctx._replace(confirm=None)), agent.hooks)  # asked
 
 
 def render_command(command: Command, arguments: str, cwd: Path, run: Callable[[str], str]) -> str:
@@ -1921,7 +1930,7 @@ def render_command(command: Command, arguments: str, cwd: Path, run: Callable[[s
     if body == command.body and arguments.strip():
         body += f"\n\nARGUMENTS: {arguments}"
     body = re.sub(r"!`([^`\n]+)`", lambda m: run(m.group(1)).removesuffix("\n[exit code 0]"), body)
-    return attach_mentions(cwd, body)
+    return attach_mentions(cwd, body, inside=True)
 
 
 # --- Project instructions -------------------------------------------------------------------------
@@ -2765,7 +2774,7 @@ EDITORS = ("Edit", "Write", "MultiEdit", "NotebookEdit")  # governed by Edit rul
 READERS = ("Read", "Glob", "Grep", "NotebookRead", "LS")  # governed by Read rules
 RULE_PATTERN = r"([A-Za-z][\w-]*(?:__\*)?)(?:\((.*)\))?"  # compiled on first use (re keeps it): start-up pays nothing
 SEPARATORS = ("&&", "||", ";;", "|&", ";", "|", "&", "\n")
-PLAIN_RUN = r"[^\\'\"$<>`&|;\n]*"  # characters that neither quote, substitute nor separate
+PLAIN_RUN = r"[^\\'\"$<>`&|;\n#]*"  # characters that neither quote, substitute, comment nor separate
 WRAPPERS = {"sudo", "command", "builtin", "exec", "nohup", "time", "nice", "env", "then", "do", "else", "if",
             "elif", "while", "until", "!", "{", "(", "xargs", "timeout"}  # what may stand before a denied command
 SUBCOMMANDS = {"git", "npm", "pnpm", "yarn", "bun", "cargo", "go", "docker", "kubectl", "pip", "pip3", "uv", "poetry",
@@ -2853,6 +2862,16 @@ def command_parts(command: str, depth: int = 0) -> list[str]:
         elif ch == "\\":
             current.append(command[i: i + 2])
             i += 2
+            continue
+        elif not quote and ch == "#" and (i == 0 or command[i - 1] in " \t\n;&|()"):  # a comment: to the line's end
+            i = command.find("\n", i) if "\n" in command[i:] else len(command)
+            continue
+        elif not quote and command.startswith("$'", i):  # an ANSI-C string: \' does not end it
+            end = i + 2
+            while end < len(command) and command[end] != "'":
+                end += 2 if command[end] == "\\" else 1
+            current.append(command[i: end + 1])
+            i = end + 1
             continue
         elif opener := next((o for o in ("$(", "<(", ">(", "`") if command.startswith(o, i)), None):
             end = closing(command, i, opener)
@@ -3368,11 +3387,32 @@ class Trust(NamedTuple):
     settings: bool = False  # the project's settings files may loosen rules and run hooks (approved, or none to approve)
 
 
+def committed(path: Path) -> bool:
+    """Whether git tracks a file, read from the repository's index without running git (whose config is the
+    repository's); True when that cannot be told."""
+    root = next((folder for folder in path.parents if (folder / ".git").exists()), None)
+    if root is None:
+        return False
+    try:
+        name = path.relative_to(root).as_posix().encode()
+        with open(os.open(root / ".git" / "index", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            data = f.read(1 << 26) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else b""
+    except (OSError, ValueError):
+        return (root / ".git").is_file()  # a worktree's index is elsewhere: cannot be told
+    at = data.find(name + b"\0")
+    while at >= 2:
+        if int.from_bytes(data[at - 2: at], "big") & 0xFFF == min(len(name), 0xFFF):  # the entry's name length
+            return True
+        at = data.find(name + b"\0", at + 1)
+    return False
+
+
 def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
     """Claude Code's keys from the user's ~/.claude/settings.json, the project's .claude/settings.local.json in the
     working directory and --settings (never its shared .claude/settings.json, which a repository brings): enable
     all, enabled and disabled names."""
     local = str(cfg.cwd / ".claude" / "settings.local.json")
+    local = "" if committed(Path(local)) else local  # one a repository brings is the repository's, not yours
     every, enabled, disabled = False, set(), set()
     for layer in cfg.settings:  # the later file wins enableAllProjectMcpServers
         if layer.scope in ("user", "flag") or layer.path == local:
@@ -5781,8 +5821,9 @@ class Session:
     def checkpoint(self, args: dict) -> None:
         """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
         path, exists, data = file_before(self.agent.cfg.cwd, args)
-        if not any(c["prompt"] == self.mark and c["path"] == os.path.abspath(path) for c in self.checkpoints):
-            self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": os.path.abspath(path),
+        path = os.path.realpath(path)  # where Write and Edit write: through a symlink, its target
+        if not any(c["prompt"] == self.mark and c["path"] == path for c in self.checkpoints):
+            self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": path,
                                      "exists": exists, "bytes": data and data.decode("latin-1")})
             self.messages.note(self.checkpoints[-1])
 
@@ -6033,7 +6074,8 @@ class Session:
         if text and self.choose("Add this line to ./CLAUDE.md? [y/n] ", "Please answer y (yes) or n (no): ",
                                 ("y", "yes", "n", "no")) == "y":
             old = read_small(path) if path.exists() else ""
-            with open(path, "a", encoding="utf-8") as f:
+            with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a",
+                      encoding="utf-8") as f:  # never through a symlink a repository planted
                 f.write("\n" * (old[-1:] not in ("", "\n")) + text + "\n")
             self.reporter.say(f"added to {path}; it is read at the start of the next session")
 
@@ -6053,8 +6095,7 @@ class Session:
         word, _, rest = line.partition(" ")
         command = self.agent.commands.get(word[1:]) if word.startswith("/") else None
         if command:
-            line = render_command(command, rest, self.agent.cfg.cwd, lambda line: tool_bash(self.agent.ctx, line)
-                                  if "Bash" in command.allowed else inline_output(self.agent, line))
+            line = render_command(command, rest, self.agent.cfg.cwd, functools.partial(inline_output, self.agent))
         else:
             line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
         prompt, self.pending = "\n\n".join([*self.pending, line]), []
@@ -6171,19 +6212,22 @@ class Session:
                 continue
             if line in ("/exit", "/quit"):
                 return EXIT_OK
+            granted: list[Rule] = []
             try:
                 if not line or self.command(line):
                     continue
+                command = self.agent.commands.get(line[1:].partition(" ")[0]) if line.startswith("/") else None
+                granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
+                                             for text in command.allowed) if isinstance(rule, Rule)] if command else []
+                self.agent.rules["allow"] += granted  # for this prompt only, its !`lines` included
                 prompt, command = self.prompt_for(line)
             except (AgentError, ToolError, KeyboardInterrupt, EOFError, OSError) as error:  # nothing changes
+                self.agent.rules["allow"] = [r for r in self.agent.rules["allow"] if all(r is not g for g in granted)]
                 self.reporter.say("cancelled" if isinstance(error, (KeyboardInterrupt, EOFError)) else str(error))
                 continue
             messages, model = self.messages, self.agent.cfg.model
             self.mark, compactions, interrupted = len(messages), messages.compactions, 0.0
             self.agent.cfg = self.agent.cfg._replace(model=command.model if command and command.model else model)
-            granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
-                                         for text in command.allowed) if isinstance(rule, Rule)] if command else []
-            self.agent.rules["allow"] += granted  # for this prompt only
             try:
                 with self.keys.reading():
                     outcome = self.agent.ask(messages, prompt)
