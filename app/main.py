@@ -1988,7 +1988,7 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
     try:
         kwargs = check_arguments(tool, args)
         if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, kwargs)):  # shown as they will run
-            return Denied(f"{DENIED_PREFIX}{why}")
+            return why if isinstance(why, Denied) else Denied(f"{DENIED_PREFIX}{why}")
         result = str(tool.run(ctx, **kwargs))
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
@@ -2077,6 +2077,7 @@ def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> li
 
 
 MCP_PROTOCOL = "2025-06-18"
+MCP_CAPABILITIES = {"roots": {}, "elicitation": {}}  # Claude Code's: servers offer both clients the same tools
 
 
 class McpError(Exception):
@@ -2122,8 +2123,9 @@ class McpServer:
     tools, calls with a time limit, and the requests it sends back (ping, roots/list)."""
 
     def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
-                 spawner: Spawner | None = None):
+                 spawner: Spawner | None = None, relay: Callable[[str, dict, float], dict] | None = None):
         self.name, self.spec, self.cwd, self.env, self.emit, self.spawner = name, spec, cwd, env, emit, spawner
+        self.relay = relay if spec.get("type") == "sdk" else None  # SDK mode: the SDK's in-process server
         self.state, self.error, self.tools, self.proc, self.closed = "starting", "", [], None, False
         self.lock, self.writing, self.pending, self.ids = threading.Lock(), threading.Lock(), {}, itertools.count(1)
         self.timeout = 10.0
@@ -2138,9 +2140,11 @@ class McpServer:
                 if not self.spec.get("command"):
                     raise McpError("it has no command")
                 self.spawn()
+            elif self.relay:
+                pass
             elif self.spec.get("type") not in ("http", "streamable-http") or not self.spec.get("url"):
                 raise McpError(f"type {self.spec.get('type')!r} is not supported (stdio or http with a url)")
-            hello = self.request("initialize", {"protocolVersion": MCP_PROTOCOL, "capabilities": {"roots": {}},
+            hello = self.request("initialize", {"protocolVersion": MCP_PROTOCOL, "capabilities": MCP_CAPABILITIES,
                                                 "clientInfo": {"name": APP_TITLE, "version": VERSION}}, timeout)
             if not isinstance(hello.get("protocolVersion", ""), str):
                 raise McpError("its answer to initialize is not of the protocol")
@@ -2194,7 +2198,8 @@ class McpServer:
                 slot.message = message
                 slot.set()
         elif "id" in message:  # a request of the server's: answered, whatever it is
-            answers = {"ping": {}, "roots/list": {"roots": [{"uri": self.cwd.as_uri(), "name": self.cwd.name}]}}
+            answers = {"ping": {}, "roots/list": {"roots": [{"uri": self.cwd.as_uri(), "name": self.cwd.name}]},
+                       "elicitation/create": {"action": "decline"}}  # no one to ask for the form
             method = message["method"]
             self.send({"jsonrpc": "2.0", "id": message["id"], **({"result": answers[method]} if method in answers else
                        {"error": {"code": -32601, "message": f"{method} is not supported"}})})
@@ -2202,7 +2207,9 @@ class McpServer:
             self.emit({"type": "mcp_log", "server": self.name, "text": one_line(json.dumps(message), 300)})
 
     def send(self, message: dict) -> Any:
-        """Write a message to the server (stdio), or post it (http) and take what comes back."""
+        """Write a message to the server (stdio), or post it (http) or relay it (sdk) and take what comes back."""
+        if self.relay:
+            return self.take(self.relay(self.name, message, self.timeout))
         if not self.proc:
             return self.post(message)
         with self.writing:
@@ -2311,14 +2318,14 @@ def offline(cfg: Config, spec: dict) -> bool:
 
 
 def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], emit: Callable[[dict], None],
-              spawner: Spawner | None) -> list[McpServer]:
+              spawner: Spawner | None, relay: Callable[[str, dict, float], dict] | None = None) -> list[McpServer]:
     """These servers, started at once; a server that fails gives one warning and is left out, and so does an
     HTTP server off this machine when the sandbox's network is off (before any connection)."""
     for name, spec in specs:
         if offline(cfg, spec):
             emit({"type": "notice", "text": f"MCP server {name} was not contacted: {host_of(str(spec.get('url')))} is "
                   "not this machine and the sandbox's network is off (--sandbox-network on allows it)"})
-    servers = [McpServer(name, spec, cfg.cwd, env, emit, spawner) for name, spec in specs if not offline(cfg, spec)]
+    servers = [McpServer(name, spec, cfg.cwd, env, emit, spawner, relay) for name, spec in specs if not offline(cfg, spec)]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
     try:
         for thread in threads:
@@ -3360,7 +3367,8 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
             for call, content in zip(batch, contents):
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
                 emit({"type": "tool_result", "id": call["id"], "name": call["function"]["name"], "content": content,
-                      "arguments": call["function"]["arguments"], "is_error": content.startswith("Error:"),
+                      "arguments": call["function"]["arguments"],
+                      "is_error": content.startswith("Error:") or isinstance(content, Denied),
                       "denied": isinstance(content, Denied), "seconds": time.monotonic() - started})
 
 
@@ -3447,7 +3455,8 @@ class Agent:
 
     def __init__(self, cfg: Config, env: dict[str, str], emit: Callable[[dict], None], *,
                  ask_user: Callable[[str, dict], bool] | None = None,
-                 ask_trust: Callable[[str], bool | None] | None = None, sleep: Callable[[float], None] = time.sleep):
+                 ask_trust: Callable[[str], bool | None] | None = None, sleep: Callable[[float], None] = time.sleep,
+                 relay: Callable[[str, dict, float], dict] | None = None):
         self.cfg, self.emit, self.usage, self.transcript, self.ask_user = cfg, emit, Usage(), None, ask_user
         self.model = ModelClient(cfg, emit=emit, sleep=sleep)
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
@@ -3460,7 +3469,8 @@ class Agent:
         tool_env = {**command_env(env, cfg.pass_env), **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard)
-        self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner)  # confined too
+        self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner,  # confined too
+                                 relay)  # SDK mode: in-process servers of the SDK
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
                 # every server started is the user's own (--mcp-config) or one they approved: its hints are trusted
@@ -3540,7 +3550,7 @@ class Agent:
             return f"Error: the skill's sub-agent stopped ({outcome.subtype})"
         return outcome.answer
 
-    def ask(self, messages: list[dict], prompt: str, context: str = "") -> Outcome:
+    def ask(self, messages: list[dict], prompt: str, context: str = "", images: list[dict] | None = None) -> Outcome:
         """Add the user's prompt (expanding leading /skill words) to a conversation and run it."""
         invoked, rest = split_invocation(prompt, self.skills)
         parts = [prompt] if not invoked else [
@@ -3551,18 +3561,20 @@ class Agent:
             parts.append(f"<stdin>\n{context}\n</stdin>")
         if self.cfg.permission_mode == "plan":
             parts.append(PLAN_NOTE)
-        messages.append({"role": "user", "content": "\n\n".join(parts)})
+        text = "\n\n".join(parts)
+        messages.append({"role": "user", "content": [{"type": "text", "text": text}, *images] if images else text})
         return self.run(messages)
 
     def permit(self, tool: str, args: dict) -> str:
-        """Why a call that changes things may not run, by the permission mode or the user; "" when it may."""
+        """Why a call that changes things may not run, by the permission mode or the user; "" when it may (a Denied
+        answer is the call's whole result)."""
         mode = self.cfg.permission_mode
         if mode == "plan":
             return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
         allowed = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in ("Write", "Edit"))
-        if allowed or not self.ask_user or self.ask_user(tool, args):
+        if allowed or not self.ask_user or (answer := self.ask_user(tool, args)) is True:
             return ""
-        return f"the user declined to let {tool} run; ask them or try something else"
+        return answer or f"the user declined to let {tool} run; ask them or try something else"
 
 
 # --- Command line ---------------------------------------------------------------------------------
@@ -4048,7 +4060,7 @@ class ClaudeOutput:
     def __init__(self, cfg: Config, stdout: Any, *, array: bool):
         self.cfg, self.stdout, self.lock = cfg, stdout, threading.Lock()
         self.events: list[dict] | None = [] if array else None
-        self.stream = AnthropicStream()
+        self.stream, self.partial = AnthropicStream(), []  # the reply under way: its stream, its text so far
 
     def common(self) -> dict:
         """The fields every line but the result carries."""
@@ -4069,18 +4081,36 @@ class ClaudeOutput:
 
     def delta(self, delta: dict) -> None:
         """A piece of a streamed reply: stream_event lines with --include-partial-messages."""
-        if self.cfg.partial_messages:
-            for event in self.stream.feed(delta, self.cfg.model):
+        events = self.stream.feed(delta, self.cfg.model)
+        if isinstance(delta.get("content"), str):
+            self.partial.append(delta["content"])
+        for event in events if self.cfg.partial_messages else []:
+            self.write({"type": "stream_event", "event": event, **self.common()})
+
+    def end_reply(self, finish_reason: Any, usage: Any) -> str:
+        """Close the reply's stream (its last stream_event lines); its message id."""
+        message_id, self.partial = self.stream.message_id(), []
+        for event in self.stream.finish(finish_reason, usage):
+            if self.cfg.partial_messages:
                 self.write({"type": "stream_event", "event": event, **self.common()})
+        return message_id
+
+    def aborted(self, model: str) -> None:
+        """The end of an interrupted turn: the reply under way as an aborted message, then the interruption."""
+        if self.stream.id:
+            text = "".join(self.partial)
+            message = {"id": self.end_reply(None, {}), "type": "message", "role": "assistant", "model": model,
+                       "content": [{"type": "text", "text": text}], "stop_reason": None, "stop_sequence": None,
+                       "usage": claude_usage({})}
+            self.write({"type": "assistant", "message": message, "aborted": True, **self.common()})
+        self.write({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": INTERRUPTED}]},
+                    **self.common()})
 
     def take(self, event: dict) -> None:
         """One agent event as Claude Code's lines (events Claude Code has no line for write none)."""
         kind = event["type"]
         if kind == "assistant":
-            message_id = self.stream.message_id()
-            for stream_event in self.stream.finish(event["finish_reason"], event["usage"]):
-                if self.cfg.partial_messages:
-                    self.write({"type": "stream_event", "event": stream_event, **self.common()})
+            message_id = self.end_reply(event["finish_reason"], event["usage"])
             for block in claude_blocks(event["message"]) or [{"type": "text", "text": ""}]:
                 self.write({"type": "assistant", "message": {
                     "id": message_id, "type": "message", "role": "assistant", "model": event["model"],
@@ -4124,6 +4154,7 @@ class Reporter:
         """Start counting a prompt's turns, time, first token and denials (each prompt of SDK mode has its result)."""
         self.started, self.turns, self.api_seconds, self.stop_reason, self.denials = started, 0, 0.0, None, []
         self.ttft_ms, self.in_tools = None, False  # ms to the first byte of the first reply; a tool call is running
+        self.last_call = None  # the id of the last tool call started (the one a permission question is about)
 
     def say(self, text: str) -> None:
         """A line on stderr; a stderr that is gone costs nothing but the line."""
@@ -4157,6 +4188,7 @@ class Reporter:
                                              self.started) * 1000))
         elif kind in ("tool_call", "tool_result"):
             self.in_tools = kind == "tool_call"
+            self.last_call = event["id"] if self.in_tools else self.last_call
         if kind == "assistant":
             self.turns, self.stop_reason = self.turns + 1, event["finish_reason"]
             self.answered, self.streamed = self.streamed, False
@@ -4360,7 +4392,8 @@ class Session:
     """An interactive session on a terminal: prompts on stderr, answers on stdout."""
 
     def __init__(self, cfg: Config, env: dict[str, str], streams: Streams, resume: Path | None = None,
-                 fork: bool = False):
+                 fork: bool = False, first: str = ""):
+        self.first = first  # the prompt given on the command line: the session's first
         if not is_terminal(streams.stderr):  # its prompts and questions would go where the user cannot see them
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
         self.streams, self.always, self.resume = streams, set(), (resume, fork)
@@ -4388,6 +4421,9 @@ class Session:
 
     def read_prompt(self) -> str:
         """The next prompt; a paste of several lines is one prompt."""
+        if self.first:
+            first, self.first = self.first, ""
+            return first
         lines = [self.read_line("> ")]
         with contextlib.suppress(EOFError):
             while select.select([self.streams.stdin], [], [], 0.05)[0]:  # the rest of a paste is already here
@@ -4547,6 +4583,236 @@ class Session:
                     self.reporter.answer(outcome.answer)
 
 
+# --- SDK mode -------------------------------------------------------------------------------------
+# The Claude Agent SDK runs its CLI as a subprocess (`cli_path` may name solo) and speaks JSON lines with it
+# (REFERENCE.md §13): prompts and control requests on stdin, events, control requests and answers on stdout. One
+# thread owns stdin and routes each line; the main thread runs the turns, one prompt after another.
+
+
+def user_content(content: Any) -> tuple[str, list[dict]]:
+    """A prompt's text and its images as chat image parts, from the SDK's text or content blocks."""
+    if isinstance(content, str):
+        return content, []
+    texts, images = [], []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        source = block.get("source") if isinstance(block.get("source"), dict) else {}
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif block.get("type") == "image" and source.get("type") == "base64":
+            url = f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
+            images.append({"type": "image_url", "image_url": {"url": url}})
+        elif block.get("type") == "image" and source.get("type") == "url":
+            images.append({"type": "image_url", "image_url": {"url": str(source.get("url"))}})
+    return "\n\n".join(texts), images
+
+
+class SdkLink:
+    """stdin and stdout with the SDK: a thread reads stdin and routes each line by type (prompts queued, control
+    requests answered at once by their handler, answers to our own requests handed to their waiter); requests to
+    the SDK wait for their answer while other traffic flows. At the end of stdin the queue gets None."""
+
+    def __init__(self, out: ClaudeOutput, stdin: Any, handlers: dict[str, Callable[[dict], dict]],
+                 notice: Callable[[str], None]):
+        import queue
+        self.out, self.stdin, self.handlers, self.notice = out, stdin, handlers, notice
+        self.prompts: Any = queue.SimpleQueue()
+        self.pending: dict[str, threading.Event] = {}
+        self.ids, self.closed = itertools.count(1), False
+
+    def start(self) -> None:
+        """Start reading stdin."""
+        threading.Thread(target=self.read, daemon=True).start()
+
+    def read(self) -> None:
+        """Route every line of stdin; at its end, wake every waiter and end the queue."""
+        with contextlib.suppress(OSError, ValueError):
+            while line := self.stdin.readline():
+                try:
+                    message = json.loads(line)
+                    assert isinstance(message, dict)
+                except (ValueError, AssertionError):
+                    self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
+                    continue
+                self.route(message)
+        self.closed = True
+        for slot in list(self.pending.values()):
+            slot.set()
+        self.prompts.put(None)
+
+    def route(self, message: dict) -> None:
+        """One line from the SDK."""
+        kind = message.get("type")
+        if kind == "user":
+            self.prompts.put(message)
+        elif kind == "control_request":
+            self.answer(message.get("request_id"), message.get("request") if isinstance(message.get("request"),
+                                                                                        dict) else {})
+        elif kind == "control_response" and isinstance(message.get("response"), dict):
+            if slot := self.pending.get(message["response"].get("request_id")):
+                slot.response = message["response"]  # type: ignore[attr-defined]
+                slot.set()
+
+    def answer(self, request_id: Any, request: dict) -> None:
+        """Answer a control request: its handler's response, or an error naming what went wrong."""
+        subtype = request.get("subtype")
+        try:
+            if (handler := self.handlers.get(subtype)) is None:
+                raise AgentError(f"Unsupported control request subtype: {subtype}")
+            response = {"subtype": "success", "request_id": request_id, "response": handler(request)}
+        except AgentError as error:
+            response = {"subtype": "error", "request_id": request_id, "error": str(error)}
+        self.out.write({"type": "control_response", "response": response})
+
+    def request(self, subtype: str, fields: dict, timeout: float | None = None) -> dict:
+        """Ask the SDK and wait for its answer; AgentError when it answers with an error, or never can."""
+        request_id, slot = f"solo_{next(self.ids)}_{os.urandom(4).hex()}", threading.Event()
+        slot.response, self.pending[request_id] = None, slot  # type: ignore[attr-defined]
+        try:
+            if not self.closed:
+                self.out.write({"type": "control_request", "request_id": request_id,
+                                "request": {"subtype": subtype, **fields}})
+                slot.wait(timeout)
+        finally:
+            self.pending.pop(request_id, None)
+        response = slot.response or {}  # type: ignore[attr-defined]
+        if response.get("subtype") != "success":
+            why = response.get("error") or ("stdin is closed" if self.closed else "no answer in time")
+            raise AgentError(f"the SDK did not answer {subtype}: {one_line(str(why), 200)}")
+        return response.get("response") if isinstance(response.get("response"), dict) else {}
+
+
+class SdkRun:
+    """A run driven by the Agent SDK: one conversation whose prompts come from stdin, each answered with Claude
+    Code's events and a result; control requests change the mode or the model, interrupt a turn, and report."""
+
+    def __init__(self, cfg: Config, env: dict[str, str], streams: Streams, resume: Path | None, fork: bool):
+        cfg = cfg._replace(verbose=False)  # the SDK always passes --verbose (stream-json needs it): no stderr trace
+        self.cfg, self.env, self.resume, self.fork, self.code = cfg, env, resume, fork, EXIT_OK
+        self.reporter = Reporter(cfg, streams)
+        assert self.reporter.claude  # SDK mode writes stream-json
+        self.agent: Agent | None = None
+        self.hooks: dict = {}  # what initialize registered: event -> [{"matcher", "hookCallbackIds", "timeout"}]
+        self.running, self.lock, self.main = False, threading.Lock(), threading.get_ident()
+        self.link = SdkLink(self.reporter.claude, streams.stdin, {
+            "initialize": self.initialize, "interrupt": self.interrupt, "set_permission_mode": self.set_mode,
+            "set_model": self.set_model, "mcp_status": self.mcp_status}, self.reporter.say)
+
+    def run(self) -> int:
+        """Answer prompts until stdin ends; the exit code is the last result's."""
+        self.link.start()
+        ask = self.can_use_tool if self.cfg.permission_prompt == "stdio" else lambda tool, args: Denied(
+            f"Claude requested permissions to use {tool}, but you haven't granted it yet.")  # Claude Code's words
+        self.agent = Agent(self.cfg, self.env, self.reporter, ask_user=ask, relay=self.mcp_message)
+        try:
+            messages = self.agent.conversation(self.resume, self.fork)
+            while (message := self.next_prompt()) is not None:
+                self.turn(messages, message)
+        finally:
+            self.agent.close()
+        return self.code
+
+    def next_prompt(self) -> dict | None:
+        """The next prompt from stdin, None at its end (an interrupt that came too late to stop a turn is dropped)."""
+        while True:
+            with contextlib.suppress(KeyboardInterrupt):
+                return self.link.prompts.get()
+
+    def turn(self, messages: Conversation, message: dict) -> None:
+        """Answer one prompt: init, the events of the turn, the result (an interrupt ends only the turn)."""
+        agent, reporter = self.agent, self.reporter
+        assert agent and reporter.claude
+        agent.cfg = agent.cfg._replace(model=self.cfg.model, permission_mode=self.cfg.permission_mode)
+        reporter.begin(time.monotonic())
+        reporter.write_json(init_event(agent.cfg, agent, agent.cfg.permission_mode))
+        if self.cfg.replay_user_messages:
+            reporter.write_json({**message, "session_id": agent.cfg.session_id, "uuid": new_uuid(), "isReplay": True})
+        text, images = user_content((message.get("message") or {}).get("content"))
+        outcome, failure, error = None, None, ""
+        try:
+            with self.lock:
+                self.running = True
+            try:
+                outcome = agent.ask(messages, text, images=images)
+            finally:
+                with self.lock:
+                    self.running = False
+        except (AgentError, KeyboardInterrupt) as exc:
+            failure, (self.code, error) = exc, exit_status(exc)
+            for answer in unanswered(messages):  # the conversation stays valid for the next prompt
+                messages.append(answer)
+        if isinstance(failure, KeyboardInterrupt):
+            error = INTERRUPTED
+            reporter.claude.aborted(agent.cfg.model)
+            messages.append({"role": "user", "content": INTERRUPTED})
+        elif failure:
+            reporter.say(error)
+        elif outcome and outcome.subtype != "success":
+            self.code, error = EXIT_LIMIT, f"stopped: a limit was reached after {outcome.turns} turns"
+        else:
+            self.code = EXIT_OK
+        reporter.write_json(result_object(outcome, error, agent.usage, reporter.started, agent.cfg.session_id,
+                                          reporter, failure))
+
+    def initialize(self, request: dict) -> dict:
+        """The SDK's first request: keep its hooks; say what solo offers."""
+        self.hooks = request.get("hooks") if isinstance(request.get("hooks"), dict) else {}
+        skills = discover_skills([self.cfg.cwd] + ([self.cfg.home] if self.cfg.home else []), lambda text: None)
+        return {"commands": [{"name": s.name, "description": s.description, "argumentHint": ""} for s in skills.values()],
+                "agents": [], "output_style": "default", "available_output_styles": ["default"],
+                "models": [{"value": name, "displayName": name, "description": model_id(name)} for name in MODEL_ALIASES],
+                "account": {}, "pid": os.getpid(), "claude_code_version": CLAUDE_CODE_PROTOCOL, "solo_version": VERSION,
+                "current_model": self.cfg.model, "current_permission_mode": self.cfg.permission_mode,
+                "hooks": {event: len(matchers) for event, matchers in self.hooks.items()}}
+
+    def interrupt(self, request: dict) -> dict:
+        """Stop the turn under way (as Ctrl-C would: its commands are killed); the run goes on."""
+        with self.lock:
+            if self.running:
+                signal.pthread_kill(self.main, signal.SIGINT)
+        return {}
+
+    def set_mode(self, request: dict) -> dict:
+        """Change the permission mode, from the next tool call on."""
+        if request.get("mode") not in PERMISSION_MODES:
+            raise AgentError(f"unknown permission mode {request.get('mode')!r}; modes: {', '.join(PERMISSION_MODES)}")
+        self.cfg = self.cfg._replace(permission_mode=request["mode"])
+        if self.agent:
+            self.agent.cfg = self.agent.cfg._replace(permission_mode=request["mode"])
+        return {}
+
+    def set_model(self, request: dict) -> dict:
+        """Change the model from the next prompt on (none: the default)."""
+        self.cfg = self.cfg._replace(model=model_id(str(request.get("model") or DEFAULT_MODEL)))
+        return {}
+
+    def mcp_status(self, request: dict) -> dict:
+        """The MCP servers, their state and tools."""
+        servers = self.agent.servers if self.agent else []
+        return {"mcpServers": [{"name": s.name, "status": s.state, **({"error": s.error} if s.error else {}),
+                                "tools": [{"name": t["name"]} for t in s.tools]} for s in servers]}
+
+    def can_use_tool(self, tool: str, args: dict) -> bool | Denied:
+        """Ask the SDK's can_use_tool callback; an allow may rewrite the call's input (in place), a deny's message
+        is the tool's result."""
+        assert self.agent and self.reporter
+        answer = self.link.request("can_use_tool", {"tool_name": tool, "input": args, "permission_suggestions": [],
+                                                    "tool_use_id": self.reporter.last_call})
+        if answer.get("behavior") == "allow":
+            if isinstance(answer.get("updatedInput"), dict) and tool in self.agent.tools:
+                updated = check_arguments(self.agent.tools[tool], answer["updatedInput"])
+                args.clear()
+                args.update(updated)
+            return True
+        return Denied(str(answer.get("message") or f"the SDK's can_use_tool refused {tool}"))
+
+    def mcp_message(self, server: str, message: dict, timeout: float) -> dict:
+        """A JSON-RPC message to an in-process SDK MCP server, and its reply."""
+        reply = self.link.request("mcp_message", {"server_name": server, "message": message}, timeout).get("mcp_response")
+        return reply if isinstance(reply, dict) else {}
+
+
 def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, streams: Streams | None = None) -> int:
     """Run the command line and return the exit code; the only place failures become exit codes."""
     env = dict(os.environ) if env is None else env
@@ -4560,6 +4826,8 @@ def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, st
 
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
+        if args.unknown:
+            say(f"ignored what this solo does not know: {' '.join(args.unknown)}")
         if args.version:
             print(f"solo {VERSION}", file=streams.stdout)
             return EXIT_OK
@@ -4568,10 +4836,16 @@ def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, st
         except OSError:
             raise UsageError("the working directory no longer exists") from None
         cfg = build_config(args, env, cwd)
-        prompt, context = read_prompt(args.prompt, streams.stdin, say)
+        if cfg.input_format == "stream-json":
+            cfg, resume = choose_session(args, cfg, None, say)
+            return SdkRun(cfg, env, streams, resume, args.fork_session).run()
+        first = args.prompt if not args.print_mode and is_terminal(streams.stdin) else None  # a session's first prompt
+        prompt, context = read_prompt(None if first else args.prompt, streams.stdin, say)
+        if args.print_mode and prompt is None:
+            raise UsageError("no prompt: give it after -p, or pipe it on stdin")
         cfg, resume = choose_session(args, cfg, streams.stdin, say)
         if prompt is None:
-            return Session(cfg, env, streams, resume, args.fork_session).run()
+            return Session(cfg, env, streams, resume, args.fork_session, first=first or "").run()
         return run_once(cfg, env, prompt, context, streams, started, resume, args.fork_session)
     except BrokenPipeError:
         return EXIT_ERROR
