@@ -1774,15 +1774,18 @@ IMPORT_PATTERN = re.compile(r"(`+).+?\1|(?<![\w@`])@((?:~/|/|\.{1,2}/)?[\w.-]+(?
 
 
 def instruction_files(cwd: Path, home: Path | None) -> list[tuple[Path, Path]]:
-    """~/.claude/CLAUDE.md, then from the repository root down to cwd each folder's CLAUDE.md and
-    .claude/CLAUDE.md, or its AGENTS.md when it has no CLAUDE.md; each file once, however it is reached; each with
-    the folder its imports must stay in (home for the user's own file, the repository for the project's)."""
+    """~/.claude/CLAUDE.md, then from / down to cwd each folder's CLAUDE.md and .claude/CLAUDE.md (from the
+    repository root down: or its AGENTS.md when it has no CLAUDE.md) and CLAUDE.local.md, as Claude Code reads them;
+    each file once, however it is reached; each with the folder its imports must stay in (home for the user's own
+    file, the repository for the project's, / for files above the repository, which no clone can have put there)."""
     chain = (cwd, *cwd.parents)
     root = next((p for p in chain if (p / ".git").exists()), cwd)
     found = [(home / ".claude" / "CLAUDE.md", home)] if home else []
-    for folder in reversed(chain[:chain.index(root) + 1]):  # the root first, cwd last
+    for folder in reversed(chain):  # / first, cwd last
+        inside = folder == root or folder.is_relative_to(root)
         claude = [p for p in (folder / "CLAUDE.md", folder / ".claude" / "CLAUDE.md") if p.is_file()]
-        found += [(path, root) for path in claude or [folder / "AGENTS.md"]]
+        claude = claude or ([folder / "AGENTS.md"] if inside else [])
+        found += [(path, root if inside else Path("/")) for path in (*claude, folder / "CLAUDE.local.md")]
     unique: dict[Path, tuple[Path, Path]] = {}
     for path, within in found:
         if path.is_file():
