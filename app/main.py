@@ -2958,10 +2958,11 @@ class Transcript:
         """Let go of the file (and its lock)."""
         os.close(self.fd)
 
-    def write(self, entry: dict) -> None:
+    def write(self, entry: dict, *, compact: bool = False) -> None:
         """Append one line; it is in the file (the kernel's) when this returns. A write that fails (a full disk)
-        leaves no part of its line, and the conversation goes on unsaved."""
-        line = SECRET_PATTERN.sub("***", redact(json.dumps(entry, ensure_ascii=False), self.api_key))
+        leaves no part of its line, and the conversation goes on unsaved. `compact`: no spaces (ccusage wants them so)."""
+        text = json.dumps(entry, ensure_ascii=False, separators=(",", ":") if compact else None)
+        line = SECRET_PATTERN.sub("***", redact(text, self.api_key))
         data = (line + "\n").encode("utf-8", errors="replace")
         try:
             if not self.failed and (written := os.write(self.fd, data)) < len(data):
@@ -3436,6 +3437,8 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
         choice = first_choice(response)
         message = assistant_message(choice["message"], turn, seen_ids)
         messages.append(message)
+        if isinstance(messages, Conversation) and messages.transcript:  # for ccusage; resuming skips it
+            messages.transcript.write(usage_entry(cfg, response, messages.sidechain), compact=True)
         emit({"type": "assistant", "message": message, "usage": response.get("usage"), "id": response.get("id"),
               "model": response.get("model") or cfg.model, "finish_reason": choice.get("finish_reason")})
         if not message.get("tool_calls"):
@@ -3916,6 +3919,18 @@ def claude_blocks(message: dict) -> list[dict]:
             arguments = {}
         blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments})
     return blocks
+
+
+def usage_entry(cfg: Config, response: dict, sidechain: bool) -> dict:
+    """A transcript line in Claude Code's shape with one reply's usage and cost, which ccusage (pointed at SOLO_HOME
+    with CLAUDE_CONFIG_DIR) reads; resuming skips it (it is no message)."""
+    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+    cost = usage.get("cost")
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {"type": "assistant", "isSidechain": sidechain, "sessionId": cfg.session_id, "cwd": str(cfg.cwd),
+            "version": VERSION, "timestamp": stamp, "requestId": response.get("id"),
+            "message": {"id": response.get("id"), "model": cfg.model, "usage": claude_usage(usage)},
+            **({"costUSD": cost} if isinstance(cost, (int, float)) and not isinstance(cost, bool) else {})}
 
 
 def structured_output(cfg: Config, answer: str) -> Any:
