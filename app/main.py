@@ -2930,6 +2930,19 @@ class ModelClient:
                 waited += wait
 
 
+def with_fallback(model: Callable[[dict], dict], fallback: str, emit: Callable[[dict], None], body: dict) -> dict:
+    """The reply to a request; once the model has failed after its retries (not for the key, credit or length),
+    the same request to --fallback-model."""
+    try:
+        return model(body)
+    except ApiError as error:
+        if not fallback or body.get("model") == fallback or error.status in (401, 402) or isinstance(
+                error, ContextOverflow):
+            raise
+        emit({"type": "notice", "text": f"{body.get('model')} failed ({error}); asking --fallback-model {fallback}"})
+        return model({**body, "model": fallback})
+
+
 # --- Transcripts ----------------------------------------------------------------------------------
 
 
@@ -3541,7 +3554,9 @@ class Agent:
 
     def run(self, messages: list[dict], tools: dict[str, Tool] | None = None) -> Outcome:
         """Run the loop on a conversation."""
-        return run_agent(self.cfg, messages, model=self.model, tools=self.tools if tools is None else tools,
+        model = functools.partial(with_fallback, self.model, self.cfg.fallback_model, self.emit) \
+            if self.cfg.fallback_model else self.model
+        return run_agent(self.cfg, messages, model=model, tools=self.tools if tools is None else tools,
                          ctx=self.ctx, usage=self.usage, emit=self.emit, info=self.model.model_info,
                          compactor=self.compactor)
 

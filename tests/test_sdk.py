@@ -243,12 +243,15 @@ def test_json_verbose_is_the_array_of_every_event(serve, run, workspace):
     assert events[-1]["result"] == "the answer"
 
 
-def test_limits_name_themselves_in_errors_and_keep_exit_code_3(serve, run, workspace):
+@pytest.mark.parametrize("flags, subtype, errors, reason", [
+    (["--max-turns", "2"], "error_max_turns", ["Reached maximum number of turns (2)"], "max_turns"),
+    (["--max-budget-usd", "0.001"], "error_max_budget_usd", ["Reached maximum budget ($0.001)"], "budget_exhausted"),
+])
+def test_limits_name_themselves_in_errors_and_keep_exit_code_3(serve, run, workspace, flags, subtype, errors, reason):
     server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": "true"})]))
-    result = run(["-p", "q", "--output-format", "json", "--max-turns", "2"], cwd=workspace, base_url=server.url)
+    result = run(["-p", "q", "--output-format", "json", *flags], cwd=workspace, base_url=server.url)
     obj = json.loads(result.stdout)
-    assert result.code == 3 and obj["errors"] == ["Reached maximum number of turns (2)"]
-    assert obj["terminal_reason"] == "max_turns" and obj["subtype"] == "error_max_turns"
+    assert result.code == 3 and (obj["subtype"], obj["errors"], obj["terminal_reason"]) == (subtype, errors, reason)
 
 
 def test_json_schema_asks_for_response_format_and_fills_structured_output(serve, run, workspace):
@@ -353,3 +356,11 @@ def test_user_content_blocks_become_text_and_image_parts():
 def test_a_line_over_a_megabyte_is_cut_to_fit():
     line = agent.fit_line({"type": "user", "content": "x" * 3_000_000})
     assert len(line.encode()) < agent.LINE_BYTES and json.loads(line)["type"] == "user"
+
+
+def test_the_fallback_model_answers_when_the_model_fails(serve, run, workspace):
+    server = serve(lambda body: reply("from " + body["model"]) if body["model"] == "anthropic/claude-haiku-4.5"
+                   else Raw(404, {"error": {"code": 404, "message": "No endpoints found"}}), accept="")
+    result = run(["-p", "q", "--model", "some/model", "--fallback-model", "haiku"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, "from anthropic/claude-haiku-4.5\n")
+    assert "some/model failed (HTTP 404: No endpoints found" in result.stderr
