@@ -4513,7 +4513,7 @@ class Session:
             self.reporter.say(agent.usage.line())
         elif word == "/model":
             if rest.strip():
-                agent.cfg = agent.cfg._replace(model=rest.strip())
+                agent.cfg = agent.cfg._replace(model=model_id(rest))
                 messages.note({"type": "model", "model": agent.cfg.model})
             self.reporter.say(f"model: {agent.cfg.model}")
         elif word == "/compact":
