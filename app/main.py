@@ -2328,7 +2328,8 @@ def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], e
         if offline(cfg, spec):
             emit({"type": "notice", "text": f"MCP server {name} was not contacted: {host_of(str(spec.get('url')))} is "
                   "not this machine and the sandbox's network is off (--sandbox-network on allows it)"})
-    servers = [McpServer(name, spec, cfg.cwd, env, emit, spawner, relay) for name, spec in specs if not offline(cfg, spec)]
+    servers = [McpServer(name, spec, cfg.cwd, env, emit, spawner, relay)
+               for name, spec in specs if not offline(cfg, spec)]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
     try:
         for thread in threads:
@@ -2713,7 +2714,8 @@ def retry_category(status: int | None) -> str:
     """Claude Code's category of a failed request, for system/api_retry."""
     if status in (401, 403):
         return "authentication_failed"
-    return {529: "overloaded", 429: "rate_limit"}.get(status or 0, "server_error" if (status or 0) >= 408 else "unknown")
+    status = status or 0
+    return {529: "overloaded", 429: "rate_limit"}.get(status, "server_error" if status >= 408 else "unknown")
 
 
 def judge(status: int, headers: Any, text: str) -> dict:
@@ -2973,7 +2975,7 @@ class Transcript:
 
     def write(self, entry: dict, *, compact: bool = False) -> None:
         """Append one line; it is in the file (the kernel's) when this returns. A write that fails (a full disk)
-        leaves no part of its line, and the conversation goes on unsaved. `compact`: no spaces (ccusage wants them so)."""
+        leaves no part of its line, and the conversation goes on unsaved. `compact`: no spaces (as ccusage wants)."""
         text = json.dumps(entry, ensure_ascii=False, separators=(",", ":") if compact else None)
         line = SECRET_PATTERN.sub("***", redact(text, self.api_key))
         data = (line + "\n").encode("utf-8", errors="replace")
@@ -3247,7 +3249,8 @@ class Compactor:
         budget = (window - min(window // 10, 16_000)) * 2  # characters: about half of what fits
         ask = SUMMARY_ASK + (f" Focus on: {focus}" if focus else "")
         history = f"<conversation>\n{history_text(messages, budget)}\n</conversation>\n\n{ask}"
-        body = build_request(cfg._replace(stream=False, json_schema=None), [{"role": "system", "content": SUMMARY_SYSTEM},
+        summary_cfg = cfg._replace(stream=False, json_schema=None)
+        body = build_request(summary_cfg, [{"role": "system", "content": SUMMARY_SYSTEM},
                                                           {"role": "user", "content": history}], [])
         self.emit({"type": "request", "body": body})
         try:
@@ -3648,7 +3651,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "first prompt)")
     add("-p", "--print", dest="print_mode", action="store_true", help="answer the prompt and exit")
     add("--print-prompt", help=argparse.SUPPRESS)
-    add("--model", metavar="NAME", help=f"model name or Claude Code alias (default $OPENROUTER_MODEL or {DEFAULT_MODEL})")
+    add("--model", metavar="NAME", help=f"model id or Claude Code name (default $OPENROUTER_MODEL or {DEFAULT_MODEL})")
     add("--output-format", choices=("text", "json", "stream-json"), default="text",
         help="text: the answer only; json: one result object (with --verbose: every event); stream-json: one event "
              "per line")
@@ -3850,8 +3853,8 @@ def sdk_settings(args: argparse.Namespace) -> dict:
         raise UsageError("--json-schema is not a JSON object") from None
     return {"input_format": args.input_format, "json_schema": schema, "reasoning": reasoning_settings(args),
             "system_prompt": prompt_file(args.system_prompt_file) or (args.system_prompt or "").strip(),
-            "fallback_model": model_id(args.fallback_model or ""), "permission_prompt": args.permission_prompt_tool or "",
-            "replay_user_messages": args.replay_user_messages}
+            "fallback_model": model_id(args.fallback_model or ""), "replay_user_messages": args.replay_user_messages,
+            "permission_prompt": args.permission_prompt_tool or ""}
 
 
 class Streams(NamedTuple):
@@ -4063,7 +4066,8 @@ class AnthropicStream:
                            "delta": {"type": "thinking_delta", "thinking": text}})
         if isinstance(text := delta.get("content"), str) and text:
             events += self.switch("text", {"type": "text", "text": ""})
-            events.append({"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": text}})
+            events.append({"type": "content_block_delta", "index": self.index,
+                           "delta": {"type": "text_delta", "text": text}})
         for call in delta.get("tool_calls") or []:
             if not isinstance(call, dict):
                 continue
@@ -4153,14 +4157,16 @@ class ClaudeOutput:
             content = event["content"]
             content = [{"type": "text", "text": content}] if event["name"].startswith("mcp__") and \
                 not event["is_error"] else content
-            result = {"type": "tool_result", "tool_use_id": event["id"], "content": content, "is_error": event["is_error"]}
+            result = {"type": "tool_result", "tool_use_id": event["id"], "content": content,
+                      "is_error": event["is_error"]}
             self.write({"type": "user", "message": {"role": "user", "content": [result]}, **self.common(),
                         "tool_use_result": content})
         elif kind == "api_retry":
             self.write({"type": "system", "subtype": "api_retry", **{k: event[k] for k in (
                 "attempt", "max_retries", "retry_delay_ms", "error_status", "error")}, **self.common()})
         elif kind == "compact_boundary":
-            self.write({"type": "system", "subtype": "compact_boundary", **{k: v for k, v in event.items() if k != "type"},
+            fields = {k: v for k, v in event.items() if k != "type"}
+            self.write({"type": "system", "subtype": "compact_boundary", **fields,
                         "compact_metadata": {"trigger": event["trigger"], "pre_tokens": event["tokens_before"]},
                         **self.common()})
 
@@ -4792,9 +4798,11 @@ class SdkRun:
         """The SDK's first request: keep its hooks; say what solo offers."""
         self.hooks = request.get("hooks") if isinstance(request.get("hooks"), dict) else {}
         skills = discover_skills([self.cfg.cwd] + ([self.cfg.home] if self.cfg.home else []), lambda text: None)
-        return {"commands": [{"name": s.name, "description": s.description, "argumentHint": ""} for s in skills.values()],
+        return {"commands": [{"name": s.name, "description": s.description, "argumentHint": ""}
+                             for s in skills.values()],
                 "agents": [], "output_style": "default", "available_output_styles": ["default"],
-                "models": [{"value": name, "displayName": name, "description": model_id(name)} for name in MODEL_ALIASES],
+                "models": [{"value": name, "displayName": name, "description": model_id(name)}
+                           for name in MODEL_ALIASES],
                 "account": {}, "pid": os.getpid(), "claude_code_version": CLAUDE_CODE_PROTOCOL, "solo_version": VERSION,
                 "current_model": self.cfg.model, "current_permission_mode": self.cfg.permission_mode,
                 "hooks": {event: len(matchers) for event, matchers in self.hooks.items()}}
@@ -4842,7 +4850,8 @@ class SdkRun:
 
     def mcp_message(self, server: str, message: dict, timeout: float) -> dict:
         """A JSON-RPC message to an in-process SDK MCP server, and its reply."""
-        reply = self.link.request("mcp_message", {"server_name": server, "message": message}, timeout).get("mcp_response")
+        answer = self.link.request("mcp_message", {"server_name": server, "message": message}, timeout)
+        reply = answer.get("mcp_response")
         return reply if isinstance(reply, dict) else {}
 
 

@@ -46,7 +46,7 @@ def test_query_runs_a_tool_and_ends_with_a_result(serve, workspace):
     assert init.data["permissionMode"] == "bypassPermissions" and "Bash" in init.data["tools"]
     assert use.content == [ToolUseBlock(id="c1", name="Bash", input={"command": "echo hi"})]
     assert use.model == "anthropic/claude-4.5-haiku-20251001" and use.message_id.startswith("msg_")
-    assert result_message.content[0].content == "hi\n[exit code 0]" and result_message.tool_use_result == "hi\n[exit code 0]"
+    assert result_message.content[0].content == result_message.tool_use_result == "hi\n[exit code 0]"
     assert answer.content == [TextBlock(text="done")] and answer.usage["cache_read_input_tokens"] == 50
     assert (result.subtype, result.is_error, result.result, result.num_turns) == ("success", False, "done", 2)
     assert result.stop_reason == "end_turn" and result.session_id == init.data["session_id"]
@@ -57,7 +57,8 @@ def test_without_a_callback_default_mode_denies_what_would_need_a_question(serve
     server = serve(tool_then([call("Bash", {"command": "touch made"}, id="c1")], last_result))
     result = collect("make a file", options(server, workspace))[-1]
     assert not (workspace / "made").exists()
-    assert result.permission_denials == [{"tool_name": "Bash", "tool_use_id": "c1", "tool_input": {"command": "touch made"}}]
+    assert result.permission_denials == [{"tool_name": "Bash", "tool_use_id": "c1",
+                                          "tool_input": {"command": "touch made"}}]
     assert result.result == "Claude requested permissions to use Bash, but you haven't granted it yet."
 
 
@@ -206,7 +207,8 @@ def test_stream_json_shapes_as_jq_recipes_read_them(serve, run, workspace):
                  cwd=workspace, base_url=server.url)
     events = [json.loads(line) for line in result.stdout.splitlines()]
     # jq 'select(.type == "assistant") | .message.content[] | select(.type == "text") | .text'
-    texts = [b["text"] for e in events if e["type"] == "assistant" for b in e["message"]["content"] if b["type"] == "text"]
+    texts = [b["text"] for e in events if e["type"] == "assistant"
+             for b in e["message"]["content"] if b["type"] == "text"]
     assert texts == ["Let me look.", "the answer"]
     assistant = [e for e in events if e["type"] == "assistant"]
     assert [len(e["message"]["content"]) for e in assistant] == [1, 1, 1]  # one line per content block
@@ -285,7 +287,8 @@ def test_p_is_a_flag_and_the_prompt_an_argument(serve, workspace, args, stdin, p
 
 
 @pytest.mark.parametrize("name, model", [
-    ("sonnet", "anthropic/claude-sonnet-4.5"), ("opus", "anthropic/claude-opus-4.5"), ("haiku", "anthropic/claude-haiku-4.5"),
+    ("sonnet", "anthropic/claude-sonnet-4.5"), ("opus", "anthropic/claude-opus-4.5"),
+    ("haiku", "anthropic/claude-haiku-4.5"),
     ("claude-haiku-4-5", "anthropic/claude-haiku-4.5"), ("claude-sonnet-4-5-20250929", "anthropic/claude-sonnet-4.5"),
     ("claude-3-7-sonnet-latest", "anthropic/claude-3.7-sonnet"), ("claude-opus-4-1", "anthropic/claude-opus-4.1"),
     ("openai/gpt-4o", "openai/gpt-4o"), ("anthropic/claude-haiku-4.5", "anthropic/claude-haiku-4.5"),
@@ -306,7 +309,8 @@ def test_unknown_flags_are_kept_in_sdk_mode_and_refused_elsewhere():
 def test_the_anthropic_stream_of_a_reply_with_text_and_a_tool_call():
     stream = agent.AnthropicStream()
     events = stream.feed({"role": "assistant", "content": "Hi"}, "m")
-    events += stream.feed({"tool_calls": [{"index": 0, "id": "t1", "function": {"name": "Read", "arguments": ""}}]}, "m")
+    events += stream.feed({"tool_calls": [{"index": 0, "id": "t1", "function": {"name": "Read", "arguments": ""}}]},
+                          "m")
     events += stream.feed({"tool_calls": [{"index": 0, "function": {"arguments": '{"a":1}'}}]}, "m")
     events += stream.finish("tool_calls", {"prompt_tokens": 10, "completion_tokens": 2})
     assert events[0]["type"] == "message_start" and events[0]["message"]["id"].startswith("msg_")
@@ -319,7 +323,8 @@ def test_the_anthropic_stream_of_a_reply_with_text_and_a_tool_call():
         {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": '{"a":1}'}},
         {"type": "content_block_stop", "index": 1},
         {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-         "usage": {"input_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 2}},
+         "usage": {"input_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                   "output_tokens": 2}},
         {"type": "message_stop"}]
 
 
@@ -327,8 +332,8 @@ def link(lines: list[dict], handlers=None):
     """An SdkLink reading these lines, writing to a StringIO."""
     cfg = agent.Config(api_key="k", cwd=agent.Path("/"))
     out = io.StringIO()
-    sdk = agent.SdkLink(agent.ClaudeOutput(cfg, out, array=False), io.StringIO("".join(json.dumps(x) + "\n" for x in lines)),
-                        handlers or {}, lambda text: None)
+    stdin = io.StringIO("".join(json.dumps(x) + "\n" for x in lines))
+    sdk = agent.SdkLink(agent.ClaudeOutput(cfg, out, array=False), stdin, handlers or {}, lambda text: None)
     return sdk, out
 
 
@@ -350,7 +355,8 @@ def test_the_stdin_thread_routes_prompts_control_requests_and_answers():
 def test_user_content_blocks_become_text_and_image_parts():
     text, images = agent.user_content([{"type": "text", "text": "what is this?"}, {"type": "image", "source": {
         "type": "base64", "media_type": "image/png", "data": "AAAA"}}])
-    assert (text, images) == ("what is this?", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])
+    assert text == "what is this?"
+    assert images == [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
 
 
 def test_a_line_over_a_megabyte_is_cut_to_fit():
