@@ -4028,7 +4028,7 @@ def fit_line(obj: Any, limit: int = LINE_BYTES) -> str:
         if isinstance(value, list):
             return [cut(v) for v in value]
         return {k: cut(v) for k, v in value.items()} if isinstance(value, dict) else value
-    while len(line.encode()) >= limit and cap > 100:
+    while len(line) >= limit // 4 and len(line.encode()) >= limit and cap > 100:  # most lines: no encoding
         line, cap = json.dumps(cut(obj), ensure_ascii=False), cap // 2
     return line
 
