@@ -173,6 +173,7 @@ class Config(NamedTuple):
     fallback_model: str = ""  # asked once the model has failed after its retries
     permission_prompt: str = ""  # stdio: SDK mode asks the SDK's can_use_tool callback where a session asks the user
     replay_user_messages: bool = False  # SDK mode: each prompt read is echoed as a user event
+    include_hook_events: bool = False  # stream-json: a line as each hook starts and answers
 
 
 # --- Errors ---------------------------------------------------------------------------------------
@@ -3790,7 +3791,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--thinking", choices=("adaptive", "enabled", "disabled"), help="whether the model reasons")
     add("--effort", choices=("minimal", "low", "medium", "high", "xhigh", "max"), help="how hard the model reasons")
     add("--permission-prompt-tool", metavar="NAME", help="stdio: ask the Agent SDK's can_use_tool callback")
-    add("--include-hook-events", action="store_true", help="stream-json: hook events too (accepted)")
+    add("--include-hook-events", action="store_true", help="stream-json: a line as each hook starts and answers")
     add("--replay-user-messages", action="store_true", help="stream-json: echo each prompt read on stdin")
     add("--dangerously-skip-permissions", dest="yes", action="store_true", help="the same as --yes")
     add("--trace", metavar="FILE", help="write every request, reply and tool call as JSON lines")
@@ -3970,6 +3971,7 @@ def sdk_settings(args: argparse.Namespace) -> dict:
     return {"input_format": args.input_format, "json_schema": schema, "reasoning": reasoning_settings(args),
             "system_prompt": prompt_file(args.system_prompt_file) or (args.system_prompt or "").strip(),
             "fallback_model": model_id(args.fallback_model or ""), "replay_user_messages": args.replay_user_messages,
+            "include_hook_events": args.include_hook_events,
             "permission_prompt": args.permission_prompt_tool or ""}
 
 
@@ -4280,6 +4282,9 @@ class ClaudeOutput:
         elif kind == "api_retry":
             self.write({"type": "system", "subtype": "api_retry", **{k: event[k] for k in (
                 "attempt", "max_retries", "retry_delay_ms", "error_status", "error")}, **self.common()})
+        elif kind in ("hook_started", "hook_response") and self.cfg.include_hook_events:
+            self.write({"type": "system", "subtype": kind, **{k: v for k, v in event.items() if k != "type"},
+                        **self.common()})
         elif kind == "compact_boundary":
             fields = {k: v for k, v in event.items() if k != "type"}
             self.write({"type": "system", "subtype": "compact_boundary", **fields,
