@@ -141,21 +141,27 @@ def test_closed_stdin_adds_nothing(serve, run, workspace):
     assert server.bodies[0]["messages"][1]["content"] == "plain"
 
 
-@pytest.mark.parametrize("flags, advertised", [
-    (["--allowed-tools", "Read,Grep"], ["Read", "Grep"]),
-    (["--allowedTools", "Read Bash"], ["Read", "Bash"]),
-    (["--disallowed-tools", "Bash, Write"], ["Read", "Edit", "Glob", "Grep"]),
+ALL_TOOLS = ["Read", "Write", "Edit", "Bash", "Glob", "Grep"]
+
+
+@pytest.mark.parametrize("flags, advertised", [  # --tools chooses what is offered; --allowed-tools and
+    (["--tools", "Read,Grep"], ["Read", "Grep"]),  # --disallowed-tools are Claude Code's rules now (they were
+    (["--tools", "Read Bash WebSearch"], ["Read", "Bash"]),  # lists of what to offer): they shrink nothing
+    (["--tools", ""], []),
+    (["--disallowed-tools", "Bash, Write"], ALL_TOOLS),
+    (["--allowedTools", "Read Bash(git status:*)"], ALL_TOOLS),
 ])
 def test_tool_choice(serve, run, workspace, flags, advertised):
     server = serve(lambda body: reply("ok"))
     assert run(["-p", "x", *flags], cwd=workspace, base_url=server.url).code == 0
-    assert [t["function"]["name"] for t in server.bodies[0]["tools"]] == advertised
+    assert [t["function"]["name"] for t in server.bodies[0].get("tools", [])] == advertised
 
 
-def test_a_disallowed_tool_cannot_be_called(serve, run, workspace):
+@pytest.mark.parametrize("rule", ["Bash", "Bash(touch:*)"])
+def test_a_disallowed_tool_cannot_be_called(serve, run, workspace, rule):
     server = serve(tool_then([call("Bash", {"command": "touch hacked"})], last_result))
-    result = run(["-p", "x", "--disallowed-tools", "Bash"], cwd=workspace, base_url=server.url)
-    assert result.stdout.startswith("Error: no tool called Bash") and not (workspace / "hacked").exists()
+    result = run(["-p", "x", "--disallowed-tools", rule], cwd=workspace, base_url=server.url)
+    assert result.stdout.startswith(f"Error: permission denied by {rule}") and not (workspace / "hacked").exists()
 
 
 def test_append_system_prompt_and_trace(serve, run, workspace, tmp_path):
