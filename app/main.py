@@ -5369,6 +5369,9 @@ class Reporter:
             self.showing = on
 
 
+# --- Prompts and runs -----------------------------------------------------------------------------
+
+
 def read_piped(stdin: Any, say: Callable[[str], None]) -> str:
     """Piped stdin to its end as text, its first and last READ_LIMIT characters kept; says when it waits."""
     sink, fd, told = HeadTail(READ_LIMIT), stdin.fileno(), False
