@@ -370,3 +370,11 @@ def test_the_fallback_model_answers_when_the_model_fails(serve, run, workspace):
     result = run(["-p", "q", "--model", "some/model", "--fallback-model", "haiku"], cwd=workspace, base_url=server.url)
     assert (result.code, result.stdout) == (0, "from anthropic/claude-haiku-4.5\n")
     assert "some/model failed (HTTP 404: No endpoints found" in result.stderr
+
+
+def test_a_prompt_argument_without_p_starts_a_session_with_it(serve, terminal):
+    server = serve(lambda body: reply("fixed it"))
+    session = terminal(server, "fix it")  # the answer comes before the first "> "
+    assert "fixed it" in session.transcript and server.bodies[0]["messages"][1]["content"] == "fix it"
+    session.send("\x04")
+    assert session.wait() == 0
