@@ -5807,13 +5807,14 @@ class SdkLink:
                 slot.set()
 
     def answer(self, request_id: Any, request: dict) -> None:
-        """Answer a control request: its handler's response, or an error naming what went wrong."""
+        """Answer a control request: its handler's response, or an error naming what went wrong (whatever it is:
+        the thread that reads stdin must go on)."""
         subtype = request.get("subtype")
         try:
             if (handler := self.handlers.get(subtype)) is None:
                 raise AgentError(f"Unsupported control request subtype: {subtype}")
             response = {"subtype": "success", "request_id": request_id, "response": handler(request)}
-        except AgentError as error:
+        except Exception as error:
             response = {"subtype": "error", "request_id": request_id, "error": str(error)}
         self.out.write({"type": "control_response", "response": response})
 
@@ -5912,14 +5913,15 @@ class SdkRun:
     def initialize(self, request: dict) -> dict:
         """The SDK's first request: keep its hooks; say what solo offers."""
         self.hooks = request.get("hooks") if isinstance(request.get("hooks"), dict) else {}
-        skills = discover_skills([self.cfg.cwd] + ([self.cfg.home] if self.cfg.home else []), lambda text: None)
+        cfg = self.agent.cfg if self.agent else self.cfg  # with the settings files' model and mode, once read
+        skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), lambda text: None)
         return {"commands": [{"name": s.name, "description": s.description, "argumentHint": ""}
                              for s in skills.values()],
                 "agents": [], "output_style": "default", "available_output_styles": ["default"],
                 "models": [{"value": name, "displayName": name, "description": model_id(name)}
                            for name in MODEL_ALIASES],
                 "account": {}, "pid": os.getpid(), "claude_code_version": CLAUDE_CODE_PROTOCOL, "solo_version": VERSION,
-                "current_model": self.cfg.model, "current_permission_mode": self.cfg.permission_mode,
+                "current_model": cfg.model, "current_permission_mode": cfg.permission_mode,
                 "hooks": {event: len(matchers) for event, matchers in self.hooks.items()}}
 
     def interrupt(self, request: dict) -> dict:
