@@ -5186,11 +5186,14 @@ class ClaudeOutput:
             print(redact(json.dumps(self.events, ensure_ascii=False), self.cfg.api_key), file=self.stdout, flush=True)
 
     def delta(self, delta: dict) -> None:
-        """A piece of a streamed reply: stream_event lines with --include-partial-messages."""
-        events = self.stream.feed(delta, self.cfg.model)
+        """A piece of a streamed reply: stream_event lines with --include-partial-messages (else only its text is
+        kept, for the aborted message of an interrupt)."""
         if isinstance(delta.get("content"), str):
             self.partial.append(delta["content"])
-        for event in events if self.cfg.partial_messages else []:
+        if not self.cfg.partial_messages:
+            self.stream.message_id()
+            return
+        for event in self.stream.feed(delta, self.cfg.model):
             self.write({"type": "stream_event", "event": event, **self.common()})
 
     def end_reply(self, finish_reason: Any, usage: Any) -> str:
