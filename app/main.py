@@ -110,6 +110,12 @@ REPLY_BYTES, REPLY_SECONDS = 256_000_000, 1800.0  # one streamed reply may be no
 MODEL_LIST_SECONDS = 86_400  # the model list (context windows, prices) is asked again after a day
 SHRINK_ATTEMPTS = 3  # times the conversation is shrunk after a context-length refusal
 STUB_MIN_CHARS = 400  # tool results shorter than this are not worth replacing with a stub
+IMAGE_LIMIT = 5 << 20  # bytes of one image sent to the model
+NOTEBOOK_OUTPUT_LIMIT = 2_000  # characters of one cell output Read shows
+SHELLS_AT_ONCE = 8  # background shells running at one time
+AGENTS_AT_ONCE = 4  # sub-agents of one reply running at one time
+WEB_TIMEOUTS, WEB_SECONDS = (10.0, 30.0), 60.0  # WebFetch: connect, longest silence; a whole page
+WEB_BYTES, WEB_TEXT_LIMIT = 5 << 20, 100_000  # bytes of a page read; characters of its text the model reads
 
 
 class Config(NamedTuple):
@@ -1070,6 +1076,12 @@ class ToolContext(NamedTuple):
     sandbox: Sandbox | None = None  # where writes may go; None: anywhere
     spawner: Spawner | None = None  # starts processes that die with solo; None: plain Popen (in tests)
     guard: Guard | None = None  # files no confined write may change (git hooks and config, MCP and Claude settings)
+    emit: Callable[[dict], None] | None = None  # shows an event to the user (the to-do list)
+    todos: list | None = None  # the conversation's to-do list, replaced in place by TodoWrite
+    shells: Shells | None = None  # the run's background shells
+    delegate: Callable[[str, str, str], str] | None = None  # runs a sub-agent (type, description, prompt); None in one
+    side: Callable[..., dict] | None = None  # a request beside the conversation (messages, body fields): its reply
+    blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
 
 
 class Tool(NamedTuple):
@@ -1227,6 +1239,12 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     path = existing_file(ctx, file_path)
     if offset < 1 or limit < 1:
         raise ToolError("offset and limit must be at least 1")
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if image_type(head):
+        return read_image(ctx, path, file_path)
+    if path.suffix == ".ipynb" and (notebook := read_notebook(ctx, path)) is not None:
+        return notebook
     st, key = path.stat(), (str(path.resolve()), offset, limit)
     stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
     if ctx.reads is not None and ctx.reads.get(key) == stamp:
@@ -1388,8 +1406,11 @@ def starter(ctx: ToolContext) -> Callable[..., subprocess.Popen]:
     return spawner.popen if spawner else subprocess.Popen
 
 
-def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) -> str:
-    """Run a command with bash in its own process group; return its output and exit code."""
+def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, run_in_background: bool = False) -> str:
+    """Run a command with bash in its own process group; return its output and exit code (or, in the
+    background, its shell id at once)."""
+    if run_in_background:
+        return start_shell(ctx, command)
     timeout = min(timeout, BASH_MAX_TIMEOUT_MS) if timeout > 0 else BASH_TIMEOUT_MS
     out, notes, proc, closed = HeadTail(RESULT_LIMIT // 2 - 200), [], None, False  # room for the notes
     undone = ctx.guard.undo() if ctx.guard else []  # guarded files a background process changed since the last command
@@ -1757,6 +1778,635 @@ def tool_skill(ctx: ToolContext, name: str, arguments: str = "") -> str:
     return ctx.fork(body) if skill.fork and ctx.fork else body
 
 
+# --- Images and notebooks -------------------------------------------------------------------------
+
+
+class Attached(str):
+    """A tool result with image parts: the text answers the call, the parts follow in one user message."""
+
+    parts: tuple[dict, ...] = ()
+
+
+def attached(text: str, parts: Iterable[dict]) -> Attached:
+    """A result carrying image parts."""
+    result = Attached(text)
+    result.parts = tuple(parts)
+    return result
+
+
+def image_type(head: bytes) -> str | None:
+    """An image's media type from its first bytes (PNG, JPEG, GIF, WebP); None for anything else."""
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    return "image/webp" if head[:4] == b"RIFF" and head[8:12] == b"WEBP" else None
+
+
+def jpeg_size(data: bytes) -> tuple[int, int]:
+    """A JPEG's width and height from its first frame header; ValueError when it has none."""
+    i = 2
+    while i + 9 <= len(data) and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD8:  # fill bytes, markers without a length
+            i += 1 if marker == 0xFF else 2
+            continue
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            height, width = struct.unpack(">HH", data[i + 5: i + 9])
+            return width, height
+        i += 2 + struct.unpack(">H", data[i + 2: i + 4])[0]
+    raise ValueError("no frame header")
+
+
+def image_size(kind: str, data: bytes) -> tuple[int, int]:
+    """An image's width and height from its header; ValueError (or struct.error) when it is corrupt or cut short."""
+    if kind == "image/png":
+        ok = data[12:16] == b"IHDR" and zlib.crc32(data[12:29]) == struct.unpack(">I", data[29:33])[0]
+        ok = ok and data.endswith(b"IEND\xaeB`\x82")
+        width, height = struct.unpack(">II", data[16:24])
+    elif kind == "image/jpeg":
+        ok, (width, height) = data.rstrip(b"\0").endswith(b"\xff\xd9"), jpeg_size(data)
+    elif kind == "image/gif":
+        ok, (width, height) = data.endswith(b";"), struct.unpack("<HH", data[6:10])
+    else:
+        chunk, ok = data[12:16], struct.unpack("<I", data[4:8])[0] + 8 == len(data)
+        if chunk == b"VP8X":
+            width, height = (1 + int.from_bytes(data[at: at + 3], "little") for at in (24, 27))
+        elif chunk == b"VP8L":
+            bits = struct.unpack("<I", data[21:25])[0]
+            width, height = 1 + (bits & 0x3FFF), 1 + (bits >> 14 & 0x3FFF)
+        else:
+            ok = ok and chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a"
+            width, height = (struct.unpack("<H", data[at: at + 2])[0] & 0x3FFF for at in (26, 28))
+    if not (ok and width and height):
+        raise ValueError("corrupt")
+    return width, height
+
+
+def check_sight(ctx: ToolContext) -> None:
+    """ToolError when the model in use cannot take images."""
+    if ctx.blind and (model := ctx.blind()):
+        raise ToolError(f"the model {model} cannot take images (OpenRouter's model list gives it no image input)")
+
+
+def image_part(path: Path, file_path: str) -> tuple[str, dict]:
+    """An image file as a line describing it and an image_url part; ToolError when too large or corrupt."""
+    size = path.stat().st_size
+    if size > IMAGE_LIMIT:
+        raise ToolError(f"{file_path} is an image of {size} bytes; images over {IMAGE_LIMIT >> 20} MB are not sent")
+    data = path.read_bytes()
+    kind = image_type(data[:16]) or "image/?"
+    try:
+        width, height = image_size(kind, data)
+    except (ValueError, struct.error):
+        raise ToolError(f"{file_path} is not a valid {kind[6:].upper()} image (corrupt or cut short)") from None
+    import base64
+    url = f"data:{kind};base64,{base64.b64encode(data).decode()}"
+    return (f"{file_path}: {kind[6:].upper()} image, {width}x{height} pixels, {size} bytes",
+            {"type": "image_url", "image_url": {"url": url}})
+
+
+def read_image(ctx: ToolContext, path: Path, file_path: str) -> Attached:
+    """Read's result for an image: a line about it, the image itself in a message after the results."""
+    line, part = image_part(path, file_path)
+    check_sight(ctx)
+    return attached(f"[{line}; the image follows in the next message]", [part])
+
+
+def cell_text(value: Any) -> str:
+    """A notebook field that is a string or a list of lines, as one string."""
+    return "".join(value) if isinstance(value, list) else str(value or "")
+
+
+def output_text(output: dict, parts: list[dict], sighted: bool) -> str:
+    """One cell output as bounded text; its images go to `parts` when the model can take them."""
+    data = output.get("data") if isinstance(output.get("data"), dict) else {}
+    for kind in ("image/png", "image/jpeg"):
+        if kind in data:
+            if not sighted:
+                return f"[{kind} output: the model cannot take images]"
+            encoded = re.sub(r"\s", "", cell_text(data[kind]))
+            parts.append({"type": "image_url", "image_url": {"url": f"data:{kind};base64,{encoded}"}})
+            return f"[{kind} output: image {len(parts)} in the next message]"
+    if output.get("output_type") == "error":
+        text = f"{output.get('ename')}: {output.get('evalue')}\n" + "\n".join(output.get("traceback") or [])
+    else:
+        text = cell_text(output.get("text") if "text" in output else data.get("text/plain"))
+    return clip(TERMINAL_CONTROLS.sub("", text), NOTEBOOK_OUTPUT_LIMIT)
+
+
+def read_notebook(ctx: ToolContext, path: Path) -> str | None:
+    """Read's result for a notebook: its cells with their outputs; None when it is not notebook JSON."""
+    try:
+        cells = json.loads(path.read_bytes())["cells"]
+        assert isinstance(cells, list) and all(isinstance(cell, dict) for cell in cells)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        return None
+    shown, parts, sighted = [], [], not (ctx.blind and ctx.blind())
+    for index, cell in enumerate(cells):
+        count = f" execution_count={cell['execution_count']}" if cell.get("execution_count") is not None else ""
+        shown.append(f'<cell id="{cell.get("id") or f"cell-{index}"}" type="{cell.get("cell_type")}"{count}>\n'
+                     f"{cell_text(cell.get('source'))}")
+        outputs = [output_text(o, parts, sighted) for o in cell.get("outputs") or [] if isinstance(o, dict)]
+        shown += [f"<output>\n{text.rstrip(chr(10))}\n</output>" for text in outputs if text]
+        shown.append("</cell>")
+    text = "\n".join(shown) or "(the notebook has no cells)"
+    return attached(text, parts) if parts else text
+
+
+def json_spans(text: str) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """Where each cell of a notebook's JSON text starts and ends, and where the cells array does."""
+    decoder, space = json.JSONDecoder(), re.compile(r"\s*")
+    i = space.match(text, text.index("{") + 1).end()
+    while text[i] == '"':
+        key, i = json.decoder.scanstring(text, i + 1)
+        i = space.match(text, space.match(text, i).end() + 1).end()  # past the ':'
+        if key == "cells":
+            start, spans, i = i, [], space.match(text, i + 1).end()
+            while text[i] != "]":
+                end = decoder.raw_decode(text, i)[1]
+                spans.append((i, end))
+                i = space.match(text, end).end()
+                i = space.match(text, i + 1).end() if text[i] == "," else i
+            return spans, (start, i + 1)
+        i = space.match(text, decoder.raw_decode(text, i)[1]).end()
+        i = space.match(text, i + 1).end() if text[i] == "," else i
+    raise ValueError("no cells")
+
+
+def indent_unit(text: str) -> int | None:
+    """The notebook's indentation unit (nbformat writes 1); None for JSON on one line."""
+    found = re.match(r"\s*\{\n( *)", text)
+    return len(found.group(1)) if found else None
+
+
+def margin_at(text: str, at: int) -> str:
+    """The whitespace that opens the line holding position `at`."""
+    line = text[text.rfind("\n", 0, at) + 1: at]
+    return line[: len(line) - len(line.lstrip())]
+
+
+def cell_json(cell: dict, text: str, margin: str) -> str:
+    """A cell as the notebook writes it: its indentation unit, the margin it starts at, its escaping."""
+    unit = indent_unit(text)
+    dumped = json.dumps(cell, indent=unit, ensure_ascii=text.isascii() and "\\u" in text,
+                        separators=None if unit is not None else (",", ":"))
+    return dumped.replace("\n", "\n" + margin)
+
+
+def new_cell(cell_type: str, source: Any, old: dict) -> dict:
+    """A cell of a type with a source, keeping an old cell's id and metadata; keys in nbformat's order."""
+    cell = {"cell_type": cell_type, **({"execution_count": None} if cell_type == "code" else {})}
+    cell.update({"id": old["id"]} if "id" in old else {})
+    cell.update(metadata=old.get("metadata", {}), **({"outputs": []} if cell_type == "code" else {}), source=source)
+    return cell
+
+
+def find_cell(cells: list, cell_id: str) -> int:
+    """The index of the cell with this id (or cell-N for the Nth); ToolError naming the ids when none has it."""
+    for index, cell in enumerate(cells):
+        if cell_id in (cell.get("id"), f"cell-{index}"):
+            return index
+    ids = [cell.get("id") or f"cell-{i}" for i, cell in enumerate(cells)]
+    raise ToolError(f"no cell {cell_id}; the cells are: {', '.join(ids[:50]) or 'none'}; the file was left as is")
+
+
+def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "", cell_id: str = "",
+                       cell_type: str = "", edit_mode: str = "replace") -> str:
+    """Replace, insert or delete one cell of a notebook, leaving the other cells and the format byte for byte."""
+    path = existing_file(ctx, notebook_path)
+    if ctx.sandbox:
+        ctx.sandbox.check(path, notebook_path)
+    if edit_mode not in ("replace", "insert", "delete") or cell_type not in ("", "code", "markdown"):
+        raise ToolError("edit_mode is replace, insert or delete; cell_type is code or markdown")
+    text = read_small(path, EDIT_MAX_BYTES)
+    try:
+        cells, (spans, array) = json.loads(text)["cells"], json_spans(text)
+        assert isinstance(cells, list) and len(cells) == len(spans) and all(isinstance(c, dict) for c in cells)
+    except (ValueError, KeyError, TypeError, IndexError, AssertionError):
+        raise ToolError(f"{notebook_path} is not a valid notebook (JSON with a cells list); it was left as is") from None
+    index = find_cell(cells, cell_id) if cell_id or edit_mode != "insert" else -1
+    lines = any(isinstance(cell.get("source"), list) for cell in cells) or not cells  # nbformat writes lists
+    source = new_source.splitlines(keepends=True) if lines else new_source
+    if edit_mode == "delete":
+        start, end = (spans[index][0], spans[index + 1][0]) if index + 1 < len(spans) else \
+            (spans[index - 1][1] if index else array[0] + 1, spans[index][1] if index else array[1] - 1)
+        text, done = text[:start] + text[end:], f"Deleted cell {cell_id}"
+    elif edit_mode == "replace":
+        cell = cells[index]
+        if cell_type and cell_type != cell.get("cell_type"):
+            cell = new_cell(cell_type, source, cell)
+        elif cell.get("cell_type") == "code":
+            cell.update(execution_count=None, outputs=[])  # the old code's outputs would mislead
+        cell["source"] = source
+        start, end = spans[index]
+        text, done = text[:start] + cell_json(cell, text, margin_at(text, start)) + text[end:], f"Replaced cell {cell_id}"
+    else:
+        if not cell_type:
+            raise ToolError("insert needs cell_type (code or markdown)")
+        ids = any("id" in cell for cell in cells) or json.loads(text).get("nbformat_minor", 0) >= 5
+        cell = new_cell(cell_type, source, {"id": os.urandom(4).hex()} if ids else {})
+        text, done = insert_cell(text, spans, array, index, cell), f"Inserted a {cell_type} cell" + (
+            f" with id {cell['id']}" if ids else "") + (f" after cell {cell_id}" if cell_id else " at the top")
+    write_file(ctx, path, text.encode("utf-8", "surrogateescape"), notebook_path)
+    forget_reads(ctx, path)
+    return f"{done} in {notebook_path}"
+
+
+def insert_cell(text: str, spans: list[tuple[int, int]], array: tuple[int, int], index: int, cell: dict) -> str:
+    """A notebook's text with a cell added after the one at `index` (-1: first)."""
+    unit = indent_unit(text)
+    if not spans:
+        outer = margin_at(text, array[0])
+        inner = outer + " " * (unit or 0)
+        body = cell_json(cell, text, inner)
+        return text[:array[0]] + (f"[\n{inner}{body}\n{outer}]" if unit is not None else f"[{body}]") + text[array[1]:]
+    margin = margin_at(text, spans[0][0])
+    separator = text[spans[0][1]: spans[1][0]] if len(spans) > 1 else "," + ("\n" + margin) * (unit is not None)
+    at, body = spans[index][1] if index >= 0 else spans[0][0], cell_json(cell, text, margin)
+    return text[:at] + (separator + body if index >= 0 else body + separator) + text[at:]
+
+
+# --- Background shells ----------------------------------------------------------------------------
+
+
+class Shell:
+    """A command running in the background: its process, and its output since the last read (head and tail)."""
+
+    def __init__(self, command: str, proc: subprocess.Popen):
+        self.command, self.proc, self.code = command, proc, None  # code: set once it exited and its output is in
+        self.out, self.lock = HeadTail(RESULT_LIMIT // 2 - 200), threading.Lock()
+        threading.Thread(target=self.pump, daemon=True).start()
+
+    def pump(self) -> None:
+        """Keep what the command writes until it exits (a process it leaves holding the pipe is not waited for)."""
+        fd = self.proc.stdout.fileno()
+        while True:
+            if select.select([fd], [], [], 0.2)[0]:
+                if chunk := os.read(fd, 1 << 16):
+                    with self.lock:
+                        self.out.feed(chunk)
+                    continue
+            elif self.proc.poll() is None:
+                continue
+            code = self.proc.wait()  # the pipe ended, or the shell exited and what it left holds the pipe
+            self.proc.stdout.close()
+            self.code = code
+            return
+
+    def take(self) -> tuple[str, str]:
+        """The state (running / exit code) and what arrived since the last take."""
+        with self.lock:
+            out, self.out = self.out, HeadTail(self.out.keep)
+        return self.state(), out.text()
+
+    def state(self) -> str:
+        """running, or how it ended."""
+        code = self.code
+        return "running" if code is None else f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+class Shells:
+    """The background shells of a run: at most SHELLS_AT_ONCE running, all ended with solo."""
+
+    def __init__(self) -> None:
+        self.shells: dict[str, Shell] = {}
+        self.lock = threading.Lock()
+
+    def start(self, popen: Callable[..., subprocess.Popen], command: str, cwd: Path, env: dict[str, str]) -> str:
+        """Start a command in its own process group; its shell id."""
+        with self.lock:
+            if sum(shell.code is None for shell in self.shells.values()) >= SHELLS_AT_ONCE:
+                raise ToolError(f"{SHELLS_AT_ONCE} background shells are running already; end one with KillShell")
+            with signals_held():
+                proc = popen(["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            shell_id = f"bash_{len(self.shells) + 1}"
+            self.shells[shell_id] = Shell(command, proc)
+        return shell_id
+
+    def get(self, shell_id: str) -> Shell:
+        """The shell with this id; ToolError naming the ones there are."""
+        if shell_id not in self.shells:
+            raise ToolError(f"no background shell {shell_id}; shells: {', '.join(self.shells) or 'none'}")
+        return self.shells[shell_id]
+
+    def kill(self, shell_id: str) -> bool:
+        """End a shell and everything in its process group; False when it had exited already."""
+        shell = self.get(shell_id)
+        running = shell.code is None and signal_group(shell.proc.pid, signal.SIGKILL)
+        shell.proc.wait()
+        return running
+
+    def close(self) -> None:
+        """End every shell still running."""
+        for shell_id in self.shells:
+            self.kill(shell_id)
+
+
+def start_shell(ctx: ToolContext, command: str) -> str:
+    """Bash with run_in_background: start the command, return its shell id at once."""
+    if ctx.shells is None:
+        raise ToolError("background shells are not available here")
+    shell_id = ctx.shells.start(starter(ctx), command, ctx.cwd, ctx.env)
+    return f"Started in the background as {shell_id}. Read its output with BashOutput; end it with KillShell."
+
+
+def tool_bash_output(ctx: ToolContext, bash_id: str, filter: str = "") -> str:
+    """What a background shell wrote since the last read (only lines matching `filter`), and its state."""
+    try:
+        regex = re.compile(filter) if filter else None
+    except re.error as error:
+        raise ToolError(f"filter is not a valid regular expression: {error}") from None
+    if ctx.shells is None:
+        raise ToolError(f"no background shell {bash_id}")
+    state, text = ctx.shells.get(bash_id).take()
+    if regex and text:
+        lines = text.splitlines()
+        kept = [line for line in lines if regex.search(line)]
+        text = "\n".join(kept) + f"\n[{len(kept)} of {len(lines)} new lines matched the filter]"
+    return f"{text.rstrip(chr(10)) or '(no new output)'}\n[{state}]"
+
+
+def tool_kill_shell(ctx: ToolContext, shell_id: str) -> str:
+    """End a background shell and its process group."""
+    if ctx.shells is None:
+        raise ToolError(f"no background shell {shell_id}")
+    if ctx.shells.kill(shell_id):
+        return f"Killed {shell_id}"
+    return f"{shell_id} had already ended ({ctx.shells.get(shell_id).state()})"
+
+
+# --- Web ------------------------------------------------------------------------------------------
+
+
+class PageText:
+    """An HTML page as readable Markdown-like text: headings, links, lists, code, tables; scripts and styles dropped
+    (the handlers of an html.parser.HTMLParser, which is imported only when a page is read)."""
+
+    SKIP = {"script", "style", "noscript", "template", "svg", "head", "iframe"}
+    BLOCKS = {"p", "div", "section", "article", "main", "header", "footer", "nav", "blockquote", "table", "ul", "ol",
+              "dl", "dt", "dd", "figure", "form", "hr"}
+
+    def __init__(self, url: str):
+        super().__init__(convert_charrefs=True)
+        self.url, self.out, self.skip, self.pre, self.lists, self.links, self.row = url, [], 0, 0, [], [], 0
+        self.rows = 0  # rows of the table so far: the first is its header
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        """Open an element."""
+        attr = dict(attrs)
+        if tag in self.SKIP:
+            self.skip += 1
+        elif tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
+            self.out.append("\n\n" + "#" * int(tag[1]) + " ")
+        elif tag == "li":
+            numbered = self.lists and self.lists[-1][0] == "ol"
+            if numbered:
+                self.lists[-1][1] += 1
+            self.out.append("\n" + "  " * max(len(self.lists) - 1, 0) + (f"{self.lists[-1][1]}. " if numbered else "- "))
+        elif tag == "pre":
+            self.pre += 1
+            self.out.append("\n\n```\n")
+        elif tag == "code" and not self.pre:
+            self.out.append("`")
+        elif tag == "a":
+            self.links.append(attr.get("href") or "")
+            self.out.append("[")
+        elif tag in ("td", "th"):
+            self.out.append("| ")
+            self.row += 1
+        elif tag == "img" and attr.get("alt"):
+            self.out.append(f"[image: {attr['alt']}]")
+        elif tag == "br":
+            self.out.append("\n")
+        elif tag == "table":
+            self.rows = 0
+        if tag in ("ul", "ol"):
+            self.lists.append([tag, 0])
+        if tag in self.BLOCKS:
+            self.out.append("\n\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        """Close an element."""
+        import urllib.parse  # already loaded by requests: free
+        if tag in self.SKIP:
+            self.skip = max(self.skip - 1, 0)
+        elif tag == "pre" and self.pre:
+            self.pre -= 1
+            self.out.append("\n```\n\n")
+        elif tag == "code" and not self.pre:
+            self.out.append("`")
+        elif tag == "a" and self.links:
+            href = self.links.pop()
+            self.out.append(f"]({urllib.parse.urljoin(self.url, href)})" if href and not href.startswith("#") else "]")
+        elif tag in ("td", "th"):
+            self.out.append(" ")
+        elif tag == "tr":
+            self.rows += 1
+            self.out.append("|" + ("\n" + "| --- " * self.row + "|" if self.rows == 1 and self.row else "") + "\n")
+            self.row = 0
+        elif tag in ("ul", "ol") and self.lists:
+            self.lists.pop()
+        if tag in self.BLOCKS or tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
+            self.out.append("\n\n")
+
+    def handle_data(self, data: str) -> None:
+        """Text, as it is inside <pre>, else with its runs of whitespace made one space."""
+        if not self.skip:
+            self.out.append(data if self.pre else re.sub(r"\s+", " ", data))
+
+    def text(self) -> str:
+        """The page's text so far."""
+        text = re.sub(r"[ \t]+\n", "\n", "".join(self.out))
+        return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+def page_text(html_text: str, url: str) -> str:
+    """An HTML page as Markdown-like text."""
+    import html.parser  # only when a page is read: it costs start-up time
+    parser = type("PageParser", (PageText, html.parser.HTMLParser), {})(url)
+    parser.feed(html_text)
+    parser.close()
+    return parser.text()
+
+
+def web_url(ctx: ToolContext, url: str) -> str:
+    """The URL to fetch: http(s) only, http made https but on this machine; ToolError where the sandbox has no
+    network."""
+    import urllib.parse  # already loaded by requests: free
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ToolError(f"{url} is not an http(s) URL")
+    if ctx.sandbox and not ctx.sandbox.network:
+        raise ToolError("the sandbox forbids the network (--sandbox-network off): nothing can be fetched")
+    return urllib.parse.urlunsplit(parts._replace(scheme="https")) if not on_loopback(url) else url.strip()
+
+
+def fetch_page(url: str) -> tuple[str, str]:
+    """A page's URL and text (HTML made readable), following redirects on its own host; a redirect to another host
+    comes back as ("", a note saying where it leads)."""
+    import urllib.parse  # already loaded by requests: free
+    with requests.Session() as session:
+        session.auth = lambda request: request  # set, so requests never sends ~/.netrc's credentials to a page
+        for _ in range(10):
+            try:
+                response = session.get(url, stream=True, allow_redirects=False, timeout=WEB_TIMEOUTS,
+                                       headers={"User-Agent": f"solo/{VERSION}", "Accept": "text/html, text/*, */*"})
+            except requests.RequestException as error:
+                raise ToolError(f"could not fetch {url}: {one_line(str(error), 200)}") from None
+            with response:
+                if not response.is_redirect:
+                    return url, page_body(response, url)
+                target = urllib.parse.urljoin(url, response.headers.get("Location", ""))
+                if host_of(target) != host_of(url):
+                    return "", f"{url} redirects to {target}, on another host; fetch that URL to follow it"
+                url = target
+    raise ToolError(f"{url} redirects too many times")
+
+
+def page_body(response: requests.Response, url: str) -> str:
+    """A fetched page's text: at most WEB_BYTES read; ToolError for an error status or binary content."""
+    if response.status_code >= 400:
+        raise ToolError(f"{url} answered HTTP {response.status_code} {response.reason}")
+    kind = response.headers.get("Content-Type", "").lower()
+    data, started = b"", time.monotonic()
+    try:
+        for chunk in response.iter_content(1 << 16):
+            data += chunk
+            if len(data) > WEB_BYTES or time.monotonic() - started > WEB_SECONDS:
+                break
+    except requests.RequestException as error:
+        raise ToolError(f"the page {url} broke off: {one_line(str(error), 200)}") from None
+    textual = not kind or kind.startswith("text/") or re.search(r"json|xml|javascript", kind)
+    if not textual or sniff_encoding(data[:SNIFF_BYTES]) is None:
+        raise ToolError(f"{url} is {kind.split(';')[0] or 'binary data'} ({len(data)} bytes), not a page to read")
+    charset = re.search(r"charset=([\w-]+)", kind)
+    try:
+        text = data[:WEB_BYTES].decode(charset.group(1) if charset else "utf-8", errors="replace")
+    except LookupError:
+        text = data[:WEB_BYTES].decode("utf-8", errors="replace")
+    text = page_text(text, url) if "html" in kind or re.match(r"\s*<(!doctype|html)", text, re.I) else text
+    cut = len(data) > WEB_BYTES or time.monotonic() - started > WEB_SECONDS
+    return text + (f"\n[the page was cut at {len(data[:WEB_BYTES])} bytes]" if cut else "")
+
+
+WEB_READER = ("You read a web page for a coding agent and answer its request from the page alone: briefly, exactly, "
+              "quoting code, commands and numbers verbatim. Say so when the page does not answer it.")
+
+
+def tool_web_fetch(ctx: ToolContext, url: str, prompt: str) -> str:
+    """Fetch a page and have the model answer the prompt about it."""
+    url, text = fetch_page(web_url(ctx, url))
+    if not url or ctx.side is None:
+        return text if not url else clip(text)
+    reply = ctx.side([{"role": "system", "content": WEB_READER}, {
+        "role": "user", "content": f'<page url="{url}">\n{clip(text, WEB_TEXT_LIMIT)}\n</page>\n\n{prompt}'}])
+    return content_text(reply).strip() or "(the model said nothing about the page)"
+
+
+def in_domains(url: str, domains: Iterable[str]) -> bool:
+    """Whether a URL's host is one of the domains or beneath one."""
+    host = host_of(url)
+    return any(host == d or host.endswith("." + d) for d in (d.lower().strip(".") for d in domains) if d)
+
+
+def tool_web_search(ctx: ToolContext, query: str, allowed_domains: list | None = None,
+                    blocked_domains: list | None = None) -> str:
+    """Search the web through OpenRouter's web plugin: the results' titles, URLs and snippets."""
+    if ctx.side is None:
+        raise ToolError("web search is not available here")
+    reply = ctx.side([{"role": "user", "content": query}], plugins=[{"id": "web", "max_results": 5}])
+    found: dict[str, dict] = {}
+    for note in reply.get("annotations") or []:
+        cite = note.get("url_citation") if isinstance(note, dict) and note.get("type") == "url_citation" else None
+        if isinstance(cite, dict) and isinstance(cite.get("url"), str):
+            found.setdefault(cite["url"], cite)
+    if not found:
+        raise ToolError("the search brought back no results (the server may have no web search)")
+    kept = [c for url, c in found.items() if (not allowed_domains or in_domains(url, allowed_domains))
+            and not in_domains(url, blocked_domains or [])]
+    rows = [f"{n}. {one_line(str(c.get('title') or c['url']), 200)}\n   {c['url']}\n   "
+            f"{one_line(str(c.get('content') or ''), 300)}" for n, c in enumerate(kept, 1)]
+    return "\n".join(rows) or f"none of the {len(found)} results is in the allowed domains"
+
+
+# --- Sub-agents and the to-do list ----------------------------------------------------------------
+
+
+class AgentType(NamedTuple):
+    """A kind of sub-agent: general-purpose, or one the user defined in .claude/agents/NAME.md."""
+
+    name: str
+    description: str
+    prompt: str = ""  # its system prompt ("": solo's own)
+    tools: tuple[str, ...] | None = None  # None: every tool but Agent
+    model: str = ""  # "": the run's model
+
+
+GENERAL_AGENT = AgentType("general-purpose", "researches questions, searches code and carries out multi-step tasks")
+MODEL_ALIASES = {"sonnet": "anthropic/claude-sonnet-4.5", "opus": "anthropic/claude-opus-4.1",
+                 "haiku": "anthropic/claude-haiku-4.5", "inherit": ""}
+
+
+def load_agent_type(file: Path) -> AgentType:
+    """One sub-agent type from its file (Claude Code's format); ValueError when malformed."""
+    fields, body = parse_frontmatter(read_small(file, SKILL_LIMIT))
+    tools = tuple(t for t in re.split(r"[,\s]+", fields["tools"]) if t) if fields.get("tools", "").strip() else None
+    model = fields.get("model", "").strip()
+    description = one_line(fields.get("description", "").strip() or body.partition("\n")[0], 300)
+    return AgentType(fields.get("name") or file.stem, description, body, tools, MODEL_ALIASES.get(model, model))
+
+
+def discover_agents(folders: list[Path], warn: Callable[[str], None]) -> dict[str, AgentType]:
+    """general-purpose and the types under each folder's .claude/agents, earlier folders winning on a name clash."""
+    types = {GENERAL_AGENT.name: GENERAL_AGENT}
+    for file in (file for base in folders for file in sorted((base / ".claude" / "agents").glob("*.md"))):
+        try:
+            types.setdefault((kind := load_agent_type(file)).name, kind)
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            warn(f"skipping agent {file}: {error}")
+    return types
+
+
+def tool_agent(ctx: ToolContext, description: str, prompt: str, subagent_type: str = GENERAL_AGENT.name) -> str:
+    """Run a prompt in a sub-agent with a fresh conversation; return its final answer."""
+    if ctx.delegate is None:
+        raise ToolError("a sub-agent cannot start another sub-agent")
+    return ctx.delegate(subagent_type, description, prompt)
+
+
+TODO_STATES = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
+
+
+def checklist(todos: list[dict]) -> str:
+    """A to-do list as lines of check boxes."""
+    return "\n".join(f"{TODO_STATES[t['status']]} {t['activeForm'] if t['status'] == 'in_progress' else t['content']}"
+                     for t in todos)
+
+
+def tool_todo_write(ctx: ToolContext, todos: list) -> str:
+    """Replace the conversation's to-do list, shown to the user."""
+    items = []
+    for item in todos:
+        if not isinstance(item, dict) or not isinstance(item.get("content"), str) or item.get("status") not in \
+                TODO_STATES:
+            raise ToolError(f"each todo is {{content, status: pending|in_progress|completed, activeForm}}, not "
+                            f"{json.dumps(item)[:100]}")
+        items.append({"content": item["content"], "status": item["status"],
+                      "activeForm": str(item.get("activeForm") or item["content"])})
+    if sum(item["status"] == "in_progress" for item in items) > 1:
+        raise ToolError("only one todo may be in_progress at a time")
+    if ctx.todos is not None:
+        ctx.todos[:] = items
+    if ctx.emit:
+        ctx.emit({"type": "todos", "todos": items})
+    done = sum(item["status"] == "completed" for item in items)
+    return f"The to-do list is updated ({done} of {len(items)} done). Keep it current as you work."
+
+
 # --- Project instructions -------------------------------------------------------------------------
 
 
@@ -1852,13 +2502,15 @@ def project_instructions(cfg: Config, notice: Callable[[str], None], *,
 
 def params(required: list[str], **props: tuple[str, str]) -> dict:
     """A JSON Schema object from name=(type, description) pairs."""
-    properties = {name: {"type": kind, "description": text} for name, (kind, text) in props.items()}
+    properties = {name: {"type": kind, "description": text, **({"items": {"type": "string"}} if kind == "array" else {})}
+                  for name, (kind, text) in props.items()}
     return {"type": "object", "properties": properties, "required": required}
 
 
 TOOLS: tuple[Tool, ...] = (
     Tool("Read", "Read a text file and return its content exactly (no line numbers). Shows up to 2000 "
-         "lines; when the file goes on, the result says which lines it shows and the offset to continue.",
+         "lines; when the file goes on, the result says which lines it shows and the offset to continue. "
+         "Also shows images (PNG, JPEG, GIF, WebP; up to 5 MB) and notebooks (cells and outputs).",
          params(["file_path"], file_path=("string", "Path of the file, relative to the working directory"),
                 offset=("integer", "First line to read, counting from 1"),
                 limit=("integer", "How many lines to read (default 2000)")),
@@ -1877,7 +2529,8 @@ TOOLS: tuple[Tool, ...] = (
     Tool("Bash", "Run a shell command with bash in the working directory (stdin closed) and return its "
          "combined stdout and stderr and its exit code. Long output is cut in the middle.",
          params(["command"], command=("string", "The command to run"),
-                timeout=("integer", f"Timeout in milliseconds (default {BASH_TIMEOUT_MS}, max {BASH_MAX_TIMEOUT_MS})")),
+                timeout=("integer", f"Timeout in milliseconds (default {BASH_TIMEOUT_MS}, max {BASH_MAX_TIMEOUT_MS})"),
+                run_in_background=("boolean", "Return at once with a shell id for BashOutput (at most 8)")),
          tool_bash, asks=True),
     Tool("Glob", "Find files by glob pattern ('**' matches any depth, e.g. '**/*.py'), newest first.",
          params(["pattern"], pattern=("string", "Glob pattern relative to path"),
@@ -1900,7 +2553,39 @@ TOOLS: tuple[Tool, ...] = (
          params(["name"], name=("string", "The skill's name"),
                 arguments=("string", "Arguments for the skill, as the user would type them")),
          tool_skill),
+    Tool("BashOutput", "New output of a background shell since the last read, and whether it still runs.",
+         params(["bash_id"], bash_id=("string", "The shell id"), filter=("string", "Keep only lines matching this regex")),
+         tool_bash_output, read_only=True),
+    Tool("KillShell", "End a background shell and its processes.", params(["shell_id"], shell_id=("string", "The shell id")),
+         tool_kill_shell),
+    Tool("NotebookEdit", "Replace, insert (after cell_id; first without it) or delete one cell of a .ipynb notebook.",
+         params(["notebook_path", "new_source"], notebook_path=("string", "Path of the notebook"),
+                cell_id=("string", "The cell's id"), new_source=("string", "The cell's new source"),
+                cell_type=("string", "code or markdown (needed to insert)"),
+                edit_mode=("string", "replace (default), insert or delete")),
+         tool_notebook_edit, asks=True),
+    Tool("WebFetch", "Fetch a URL (HTML made text, 5 MB at most) and answer the prompt about it; a redirect to "
+         "another host is reported, not followed.",
+         params(["url", "prompt"], url=("string", "http(s) URL"), prompt=("string", "What to find out from the page")),
+         tool_web_fetch, read_only=True),
+    Tool("WebSearch", "Search the web; returns titles, URLs and snippets.",
+         params(["query"], query=("string", "The search query"), allowed_domains=("array", "Only results from these"),
+                blocked_domains=("array", "No results from these")),
+         tool_web_search, read_only=True),
+    Tool("TodoWrite", "Keep a to-do list for multi-step work, shown to the user: send the whole list each time, "
+         "at most one item in_progress.",
+         {"type": "object", "required": ["todos"], "properties": {"todos": {"type": "array", "items": {
+             "type": "object", "required": ["content", "status", "activeForm"], "properties": {
+                 "content": {"type": "string"}, "status": {"type": "string", "enum": list(TODO_STATES)},
+                 "activeForm": {"type": "string", "description": "The item in present continuous form"}}}}}},
+         tool_todo_write, read_only=True),
+    Tool("Agent", "Start a sub-agent with a fresh conversation and the tools but Agent; only its final answer "
+         "comes back. Several calls in one reply run at once. Give it a complete task. Types: general-purpose.",
+         params(["description", "prompt"], description=("string", "The task in 3-5 words"),
+                prompt=("string", "The whole task"), subagent_type=("string", "Agent type (default general-purpose)")),
+         tool_agent),
 )
+TOOL_ALIASES = {"Task": "Agent"}  # Claude Code's former names, still answered
 TOOL_NAMES = tuple(tool.name for tool in TOOLS)
 
 
@@ -1935,7 +2620,9 @@ def coerce(value: Any, kind: Any) -> Any:
         text = str(value).strip().lower()
         if text in ("true", "false", "1", "0", "yes", "no"):
             return text in ("true", "1", "yes")
-    if kind in ("integer", "boolean"):
+    if kind == "array" and isinstance(value, str):  # models send a list as its JSON text
+        value = json.loads(value)
+    if kind in ("integer", "boolean") or (kind == "array" and not isinstance(value, list)):
         raise ValueError(kind)
     return value
 
@@ -1971,7 +2658,7 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
     """Run one tool call and return the result the model reads; every failure is an 'Error: ...' result."""
     function = call.get("function") if isinstance(call.get("function"), dict) else {}
     name = function.get("name")
-    tool = tools.get(name) if isinstance(name, str) else None
+    tool = tools.get(TOOL_ALIASES.get(name, name)) if isinstance(name, str) else None
     if tool is None:
         return f"Error: no tool called {name}. The tools are: {', '.join(tools)}"
     try:
@@ -1982,10 +2669,11 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
         kwargs = check_arguments(tool, args)
         if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, kwargs)):  # shown as they will run
             return Denied(f"{DENIED_PREFIX}{why}")
-        result = str(tool.run(ctx, **kwargs))
+        result = tool.run(ctx, **kwargs)
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
-    return clip(result, tool.limit)
+    return attached(clip(result, tool.limit), result.parts) if isinstance(result, Attached) else clip(str(result),
+                                                                                                     tool.limit)
 
 
 PLAN_NOTE = ("[Plan mode: investigate with the read-only tools and answer with a plan for the change; make no "
@@ -2003,12 +2691,19 @@ BATCH = 10  # read-only calls run at once at most
 
 def read_only(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> bool:
     """True for a call that changes nothing: Read, Glob, Grep, loading a skill, an MCP tool marked read-only."""
-    tool = tools.get(call["function"]["name"])
+    tool = tools.get(TOOL_ALIASES.get(call["function"]["name"], call["function"]["name"]))
     if tool and tool.name == "Skill":
         with contextlib.suppress(ValueError, AttributeError):
             skill = ctx.skills.get(str(parse_arguments(call["function"]["arguments"]).get("name", "")).lstrip("/"))
             return bool(skill and not skill.fork)
     return bool(tool and tool.read_only)
+
+
+def lane(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> int:
+    """How many calls like this one may run at once: read-only ones BATCH, sub-agents AGENTS_AT_ONCE, others 1."""
+    if TOOL_ALIASES.get(call["function"]["name"], call["function"]["name"]) == "Agent" and "Agent" in tools:
+        return AGENTS_AT_ONCE
+    return BATCH if read_only(call, tools, ctx) else 1
 
 
 def forked_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> tuple[int, int]:
@@ -2876,7 +3571,8 @@ class ModelClient:
                 entry = next((m for m in response.json()["data"] if m.get("id") == model), {})
             except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError):
                 return self.info.setdefault(model, {})
-            self.info[model] = {k: entry[k] for k in ("context_length", "top_provider", "pricing") if k in entry}
+            self.info[model] = {k: entry[k] for k in ("context_length", "top_provider", "pricing", "architecture")
+                                if k in entry}
             if path:
                 write_private(path, json.dumps({**cache, key: {"time": time.time(), "info": self.info[model]}}))
         return self.info[model]
@@ -2987,17 +3683,19 @@ def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tup
 class Conversation(list):
     """A conversation's messages: every change is also written to its transcript, as it happens."""
 
-    def __init__(self, messages: Iterable[dict] = (), transcript: Transcript | None = None, sidechain: bool = False):
+    def __init__(self, messages: Iterable[dict] = (), transcript: Transcript | None = None, sidechain: bool | str = False):
         super().__init__(messages)
-        self.transcript, self.sidechain = transcript, sidechain
+        self.transcript, self.sidechain = transcript, sidechain  # a sub-agent's: True, or its name
         self.reads: dict[tuple, tuple] = {}  # Reads whose full result is in this conversation, by file and lines
+        self.todos: list[dict] = []  # its to-do list (TodoWrite)
         self.tokens = 0  # the last prompt's size in tokens
         self.compactions = self.floor = 0  # how many, and the length the last one left
 
     def note(self, entry: dict) -> None:
         """Write one line of this conversation (a sub-agent's are marked, so resuming skips them)."""
         if self.transcript:
-            self.transcript.write({"type": "sidechain", "entry": entry} if self.sidechain else entry)
+            self.transcript.write({"type": "sidechain", "entry": entry, **(
+                {"agent": self.sidechain} if isinstance(self.sidechain, str) else {})} if self.sidechain else entry)
 
     def append(self, message: dict) -> None:
         """Add a message."""
@@ -3223,7 +3921,8 @@ class Compactor:
         kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
         request = content_text(messages[latest]) if latest else ""
         request = request.partition(LATEST + "\n")[2] if request.startswith(COMPACTED) else request  # not nested
-        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}"}
+        todos = f"\n\n[Your to-do list (TodoWrite):]\n{checklist(messages.todos)}" if getattr(messages, "todos", 0) else ""
+        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}{todos}"}
         if isinstance(messages, Conversation):
             messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
         del messages[1:]
@@ -3247,6 +3946,7 @@ class Usage:
         self.models: dict[str, list[float]] = {}  # model: prompt, completion, cached, cache-write tokens, cost
         self.unpriced = [0, 0]  # prompt and completion tokens of replies that reported no cost
         self.estimated = False  # --max-cost has said it estimates
+        self.lock = threading.Lock()  # sub-agents count from their own threads
 
     prompt_tokens = property(lambda self: self.total(0))
     completion_tokens = property(lambda self: self.total(1))
@@ -3260,6 +3960,11 @@ class Usage:
 
     def add(self, usage: Any, model: str = "") -> None:
         """Count one reply's `usage` object."""
+        with self.lock:
+            self.count(usage, model)
+
+    def count(self, usage: Any, model: str) -> None:
+        """Count one reply's `usage` object (under the lock)."""
         self.requests += 1
         usage = usage if isinstance(usage, dict) else {}
         details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
@@ -3320,11 +4025,12 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
               emit: Callable[[dict], None], *, cut: bool) -> None:
     """Answer every tool call of an assistant message with one tool message each, in order; consecutive
     read-only calls run at the same time."""
-    ctx = ctx._replace(reads=getattr(messages, "reads", None))  # Read short-cuts hold within one conversation
-    for together, group in itertools.groupby(message["tool_calls"], key=lambda c: not cut and read_only(c, tools, ctx)):
+    ctx = ctx._replace(reads=getattr(messages, "reads", None), todos=getattr(messages, "todos", None))  # its own
+    images: list[dict] = []
+    for size, group in itertools.groupby(message["tool_calls"], key=lambda c: 1 if cut else lane(c, tools, ctx)):
         group = list(group)
-        for start in range(0, len(group), BATCH if together else 1):
-            batch, started = group[start: start + (BATCH if together else 1)], time.monotonic()
+        for start in range(0, len(group), size):
+            batch, started = group[start: start + size], time.monotonic()
             for call in batch:
                 emit({"type": "tool_call", "id": call["id"], "name": call["function"]["name"],
                       "arguments": call["function"]["arguments"]})
@@ -3338,10 +4044,14 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
                 except ValueError:
                     contents = [CUT_OFF]
             for call, content in zip(batch, contents):
+                images += content.parts if isinstance(content, Attached) else ()
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
                 emit({"type": "tool_result", "id": call["id"], "name": call["function"]["name"], "content": content,
                       "arguments": call["function"]["arguments"], "is_error": content.startswith("Error:"),
                       "denied": isinstance(content, Denied), "seconds": time.monotonic() - started})
+    if images:  # a tool message holds only text: the images the results speak of follow them
+        messages.append({"role": "user", "content": [{"type": "text", "text": "The images from the tool results:"},
+                                                     *images]})
 
 
 def content_text(message: dict) -> str:
@@ -3433,13 +4143,19 @@ class Agent:
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
+        self.agent_types = discover_agents([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
+        if "Agent" in self.tools and len(self.agent_types) > 1:
+            self.tools["Agent"] = self.tools["Agent"]._replace(description=self.tools["Agent"].description + "".join(
+                f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
+        self.shells, self.asking = Shells(), threading.Lock()  # asking: one permission question at a time
         self.scratch, self.servers, self.guard = None, [], None  # a read-only sandbox's private temp folder; the MCP
         self.trust = settle_trust(cfg, ask_trust, self.notice)  # servers; the guarded files of a sandbox. Asked first
         sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
         tool_env = {**command_env(env, cfg.pass_env), **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
-                               spawner=self.spawner, guard=self.guard)
+                               spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
+                               delegate=self.delegate, side=self.side, blind=self.blind)
         self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner)  # confined too
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
@@ -3478,6 +4194,7 @@ class Agent:
         remove a read-only sandbox's temp folder."""
         for server in self.servers:
             server.stop()
+        self.shells.close()
         end_orphans()
         if self.guard and (undone := self.guard.undo()):
             self.notice(undone_note(undone))
@@ -3515,13 +4232,48 @@ class Agent:
         messages = Conversation(transcript=self.transcript, sidechain=True)
         for message in ({"role": "system", "content": system_prompt(self.cfg, {})}, {"role": "user", "content": body}):
             messages.append(message)
-        outcome = self.run(messages, {n: t for n, t in self.tools.items() if n != "Skill"})
+        outcome = self.run(messages, {n: t for n, t in self.tools.items() if n not in ("Skill", "Agent")})
         if outcome.subtype != "success":
             return f"Error: the skill's sub-agent stopped ({outcome.subtype})"
         return outcome.answer
 
-    def ask(self, messages: list[dict], prompt: str, context: str = "") -> Outcome:
-        """Add the user's prompt (expanding leading /skill words) to a conversation and run it."""
+    def delegate(self, kind: str, description: str, prompt: str) -> str:
+        """Run a prompt in a sub-agent of a type, in its own conversation (a side chain of the transcript) and
+        thread, its usage counted in the run's; its final answer. In plan mode it has only read-only tools."""
+        spec = self.agent_types.get(kind)
+        if spec is None:
+            raise ToolError(f"no agent type {kind}; types: {', '.join(self.agent_types)}")
+        cfg = self.cfg._replace(model=spec.model or self.cfg.model)
+        tools = {n: t for n, t in self.tools.items() if n != "Agent" and (spec.tools is None or n in
+                 spec.tools) and (t.read_only or cfg.permission_mode != "plan")}
+        system = f"{spec.prompt}\n\nWorking directory: {cfg.cwd}" if spec.prompt else system_prompt(cfg, {})
+        messages = Conversation(transcript=self.transcript, sidechain=f"{kind}: {description}")
+        for message in ({"role": "system", "content": system}, {"role": "user", "content": prompt}):
+            messages.append(message)
+        emit = lambda event: self.emit({**event, "agent": description or kind})  # noqa: E731
+        outcome = run_agent(cfg, messages, model=self.model, tools=tools, ctx=self.ctx._replace(delegate=None, emit=emit),
+                            usage=self.usage, emit=emit, info=self.model.model_info, compactor=self.compactor)
+        if outcome.subtype != "success":
+            raise ToolError(f"the sub-agent stopped ({outcome.subtype}) before it answered")
+        return outcome.answer or "(the sub-agent answered nothing)"
+
+    def side(self, messages: list[dict], **fields: Any) -> dict:
+        """The reply message to a request beside the conversation (a page read, a web search); its usage counted."""
+        if fields.get("plugins") and strict_api(self.cfg.base_url):
+            raise ToolError(f"web search needs OpenRouter's web plugin, which {host_of(self.cfg.base_url)} does not have")
+        body = {**build_request(self.cfg._replace(stream=False), messages, []), **fields}
+        self.emit({"type": "request", "body": body})
+        reply = self.model(body)
+        self.usage.add(reply.get("usage"), self.cfg.model)
+        return first_choice(reply)["message"]
+
+    def blind(self) -> str:
+        """The model in use when OpenRouter's model list says it cannot take images, else ""."""
+        kinds = (self.model.model_info(self.cfg.model).get("architecture") or {}).get("input_modalities")
+        return self.cfg.model if isinstance(kinds, list) and "image" not in kinds else ""
+
+    def ask(self, messages: list[dict], prompt: str, context: str = "", images: Iterable[dict] = ()) -> Outcome:
+        """Add the user's prompt (expanding leading /skill words, with pasted images) to a conversation and run it."""
         invoked, rest = split_invocation(prompt, self.skills)
         parts = [prompt] if not invoked else [
             f"The skill {s.name} ran as a sub-agent and returned:\n{self.fork(render_skill(s, rest))}"
@@ -3531,7 +4283,8 @@ class Agent:
             parts.append(f"<stdin>\n{context}\n</stdin>")
         if self.cfg.permission_mode == "plan":
             parts.append(PLAN_NOTE)
-        messages.append({"role": "user", "content": "\n\n".join(parts)})
+        text, images = "\n\n".join(parts), list(images)
+        messages.append({"role": "user", "content": [{"type": "text", "text": text}, *images] if images else text})
         return self.run(messages)
 
     def permit(self, tool: str, args: dict) -> str:
@@ -3539,9 +4292,12 @@ class Agent:
         mode = self.cfg.permission_mode
         if mode == "plan":
             return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
-        allowed = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in ("Write", "Edit"))
-        if allowed or not self.ask_user or self.ask_user(tool, args):
+        allowed = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in ("Write", "Edit", "NotebookEdit"))
+        if allowed or not self.ask_user:
             return ""
+        with self.asking:  # sub-agents ask from their own threads: one question on the terminal at a time
+            if self.ask_user(tool, args):
+                return ""
         return f"the user declined to let {tool} run; ask them or try something else"
 
 
@@ -3624,6 +4380,7 @@ def names(text: str) -> list[str]:
 
 def select_tools(allowed: str, disallowed: str) -> tuple[str, ...]:
     """The built-in tools to advertise; UsageError for a name that is no tool (MCP names are checked later)."""
+    allowed, disallowed = (",".join(TOOL_ALIASES.get(n, n) for n in names(text)) for text in (allowed, disallowed))
     for name in names(allowed) + names(disallowed):
         if name not in TOOL_NAMES and not name.startswith("mcp__"):
             raise UsageError(f"no tool called {name}; tools: {', '.join(TOOL_NAMES)}, mcp__SERVER, mcp__SERVER__TOOL")
@@ -3811,8 +4568,8 @@ class Reporter:
             self.trace.write(redact(json.dumps({"time": round(time.time(), 3), **event}, ensure_ascii=False),
                                     self.cfg.api_key) + "\n")
             self.trace.flush()
-        if kind == "delta":
-            return self.delta(event["delta"])
+        if kind == "delta" or (event.get("agent") and kind not in ("notice", "reply", "request", "tool_result")):
+            return self.delta(event["delta"]) if kind == "delta" and not event.get("agent") else None
         self.thinking(kind == "request")
         if kind == "reply":
             self.api_seconds += event["seconds"]
@@ -3822,6 +4579,8 @@ class Reporter:
             self.end_line()
         elif kind == "notice":
             self.say(event["text"])
+        elif kind == "todos" and self.interactive:
+            self.say("to-do list:\n" + checklist(event["todos"]))
         elif kind == "mcp_log" and self.cfg.verbose:
             self.say(f"MCP server {event['server']}: {event['text']}")
         elif kind == "compact_boundary":
@@ -3838,9 +4597,9 @@ class Reporter:
                                      "tool_input": parse_arguments(event["arguments"])})
         if kind == "tool_result" and (self.cfg.verbose or self.interactive):
             outcome = "error" if event["is_error"] else "ok"
-            self.say(f"{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
+            self.say(f"{'[' + event['agent'] + '] ' if event.get('agent') else ''}{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
                      f"{len(event['content'])} chars, {event['seconds']:.2f} s")
-        if self.cfg.output_format == "stream-json" and kind in STREAM_JSON_EVENTS:
+        if self.cfg.output_format == "stream-json" and kind in STREAM_JSON_EVENTS and not event.get("agent"):
             self.write_json(self.claude_event(event))
 
     def claude_event(self, event: dict) -> dict:
@@ -4008,6 +4767,7 @@ SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /m
 /sessions this directory's sessions, /resume go on with one of them, /mcp the MCP servers,
 /trust forget your answer about this folder's .mcp.json servers and outside imports (the next session asks),
 /mode [default|acceptEdits|plan|bypassPermissions] show or set what runs without asking,
+/agents the sub-agent types, /bashes the background shells. A pasted image path attaches the image,
 /exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 
@@ -4148,9 +4908,40 @@ class Session:
                 self.reporter.say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
         elif word == "/resume":
             self.resume_picked()
+        elif word == "/agents":
+            for kind in agent.agent_types.values():
+                self.reporter.say(f"{kind.name}: {kind.description}" + (f" (tools: {', '.join(kind.tools)})"
+                                                                         if kind.tools is not None else ""))
+        elif word == "/bashes":
+            for shell_id, shell in agent.shells.shells.items():
+                self.reporter.say(f"{shell_id} ({shell.state()}): {visible(one_line(shell.command, 200))}")
+            if not agent.shells.shells:
+                self.reporter.say("no background shells")
         else:
             return False
         return True
+
+    def pasted_images(self, line: str) -> list[dict]:
+        """Image parts for the words of a prompt that are paths of image files (a drag and drop pastes one)."""
+        import shlex
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            words = line.split()
+        parts = []
+        for word in words:
+            path = Path(self.agent.cfg.cwd, os.path.expanduser(word))
+            with contextlib.suppress(OSError):
+                if path.suffix.lower() in (".png", ".jpg", ".jpeg", ".gif", ".webp") and path.is_file():
+                    try:
+                        check_sight(self.agent.ctx)
+                        about, part = image_part(path, word)
+                    except ToolError as error:
+                        self.reporter.say(f"not attached: {error}")
+                        continue
+                    self.reporter.say(f"attached {about}")
+                    parts.append(part)
+        return parts
 
     def resume_picked(self) -> None:
         """Go on with a session the user picks; on any failure the current one goes on as it was."""
@@ -4209,7 +5000,7 @@ class Session:
             messages = self.messages
             mark, compactions, interrupted = len(messages), messages.compactions, 0.0
             try:
-                outcome = self.agent.ask(messages, line)
+                outcome = self.agent.ask(messages, line, images=self.pasted_images(line))
             except (KeyboardInterrupt, Exception) as error:  # an unfinished turn leaves no trace; the session goes on
                 del messages[mark if messages.compactions == compactions else messages.floor:]
                 self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])

@@ -143,7 +143,11 @@ def test_closed_stdin_adds_nothing(serve, run, workspace):
 @pytest.mark.parametrize("flags, advertised", [
     (["--allowed-tools", "Read,Grep"], ["Read", "Grep"]),
     (["--allowedTools", "Read Bash"], ["Read", "Bash"]),
-    (["--disallowed-tools", "Bash, Write"], ["Read", "Edit", "Glob", "Grep"]),
+    (["--disallowed-tools", "Bash, Write"], ["Read", "Edit", "Glob", "Grep", "BashOutput", "KillShell", "NotebookEdit",
+                                              "WebFetch", "WebSearch", "TodoWrite", "Agent"]),
+    (["--allowed-tools", "Task,WebFetch"], ["WebFetch", "Agent"]),  # Task: Agent's former name
+    (["--disallowed-tools", "Read,Write,Edit,Bash,Glob,Grep,BashOutput,KillShell,NotebookEdit,WebFetch,WebSearch,Task"],
+     ["TodoWrite"]),
 ])
 def test_tool_choice(serve, run, workspace, flags, advertised):
     server = serve(lambda body: reply("ok"))
