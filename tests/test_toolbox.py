@@ -245,3 +245,288 @@ def test_the_list_is_restated_after_compaction():
     compactor = agent.Compactor(lambda body: reply("the summary"), lambda model: {}, lambda event: None)
     assert compactor.compact(agent.Config(api_key="k", cwd=Path("/w")), conversation, 1000, "manual")
     assert conversation[1]["content"].endswith("[Your to-do list (TodoWrite):]\n[ ] Ship")
+
+
+# --- The web --------------------------------------------------------------------------------------
+
+
+PAGE = ("<html><head><title>T</title><style>p {color: red}</style><script>alert(1)</script></head><body>"
+        "<h1>Install</h1><p>Run <code>pip install x</code>, see <a href='/docs'>the docs</a>.</p>"
+        "<ul><li>one</li><li>two</li></ul><ol><li>first</li></ol><pre>a  b\n  c</pre>"
+        "<table><tr><th>k</th><th>v</th></tr><tr><td>1</td><td>2</td></tr></table></body></html>")
+MARKDOWN = ("# Install\n\nRun `pip install x`, see [the docs](http://h/docs).\n\n- one\n- two\n\n1. first\n\n"
+            "```\na  b\n  c\n```\n\n| k | v |\n| --- | --- |\n| 1 | 2 |")
+
+
+def test_html_becomes_markdown_like_text():
+    assert agent.page_text(PAGE, "http://h/page") == MARKDOWN
+
+
+@pytest.fixture
+def site():
+    """A local web server: a page, redirects on and off its host, a page over 5 MB, binary data, a slow page."""
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            port = self.server.server_address[1]
+            routes = {"/page": (200, "text/html; charset=utf-8", PAGE.encode()),
+                      "/plain": (200, "text/plain", b"just text"),
+                      "/big": (200, "text/plain", b"x" * (6 << 20)),
+                      "/binary": (200, "application/octet-stream", bytes(range(256)) * 4),
+                      "/missing": (404, "text/html", b"no")}
+            if self.path == "/here":
+                return self.redirect("/page")
+            if self.path == "/away":
+                return self.redirect(f"http://localhost:{port}/page")  # another host name for the same server
+            if self.path == "/slow":
+                time.sleep(1.5)
+            status, kind, body = routes.get(self.path, (200, "text/plain", b"late"))
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def redirect(self, where: str) -> None:
+            self.send_response(302)
+            self.send_header("Location", where)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def reader(asked: list) -> callable:
+    """A side request that answers with the page it was given."""
+    def side(messages: list[dict], **fields) -> dict:
+        asked.append((messages, fields))
+        return {"role": "assistant", "content": "ANSWER " + messages[-1]["content"][:60]}
+    return side
+
+
+def test_web_fetch_reads_pages_and_asks_the_model(ctx, site, monkeypatch):
+    asked: list = []
+    ctx = ctx._replace(side=reader(asked))
+    result = run(ctx, "WebFetch", url=f"{site}/here", prompt="How to install?")
+    assert result == f'ANSWER <page url="{site}/page">\n# Install\n\nRun `pip'
+    assert asked[0][0][0] == {"role": "system", "content": agent.WEB_READER}
+    assert asked[0][0][1]["content"].endswith(f"| 1 | 2 |\n</page>\n\nHow to install?")
+    assert run(ctx, "WebFetch", url=f"{site}/away", prompt="p") == \
+        f"{site}/away redirects to {site.replace('127.0.0.1', 'localhost')}/page, on another host; fetch that URL " \
+        "to follow it"
+    assert run(ctx, "WebFetch", url=f"{site}/binary", prompt="p") == \
+        f"Error: {site}/binary is application/octet-stream (1024 bytes), not a page to read"
+    assert run(ctx, "WebFetch", url=f"{site}/missing", prompt="p") == f"Error: {site}/missing answered HTTP 404 Not Found"
+    run(ctx, "WebFetch", url=f"{site}/big", prompt="p")
+    assert asked[-1][0][1]["content"].count("x") < 110_000 and "[the page was cut at 5242880 bytes]" in \
+        asked[-1][0][1]["content"]
+    monkeypatch.setattr(agent, "WEB_TIMEOUTS", (1.0, 0.3))
+    assert run(ctx, "WebFetch", url=f"{site}/slow", prompt="p").startswith(f"Error: could not fetch {site}/slow:")
+
+
+@pytest.mark.parametrize("url, error", [
+    ("ftp://example.com/x", "Error: ftp://example.com/x is not an http(s) URL"),
+    ("file:///etc/passwd", "Error: file:///etc/passwd is not an http(s) URL"),
+])
+def test_web_fetch_refuses_other_schemes(ctx, url, error):
+    assert run(ctx, "WebFetch", url=url, prompt="p") == error
+
+
+def test_web_fetch_refused_where_the_sandbox_has_no_network(ctx, site):
+    boxed = ctx._replace(sandbox=agent.Sandbox("workspace-write", (ctx.cwd,), False, None), side=reader([]))
+    for url in (f"{site}/page", "http://10.0.0.1/", "https://example.com/"):
+        assert run(boxed, "WebFetch", url=url, prompt="p") == \
+            "Error: the sandbox forbids the network (--sandbox-network off): nothing can be fetched"
+
+
+def test_web_fetch_upgrades_http_but_on_this_machine():
+    ctx = agent.ToolContext(cwd=Path("."), env={})
+    assert agent.web_url(ctx, "http://example.com/a?b") == "https://example.com/a?b"
+    assert agent.web_url(ctx, "http://localhost:8080/a") == "http://localhost:8080/a"
+    assert agent.web_url(ctx, "http://127.0.0.1:1/") == "http://127.0.0.1:1/"
+
+
+def test_web_search_lists_cited_results_and_filters_domains(ctx):
+    asked: list = []
+    cites = [{"type": "url_citation", "url_citation": {"url": u, "title": t, "content": c, "start_index": 0,
+                                                       "end_index": 1}}
+             for u, t, c in [("https://docs.python.org/3/x", "Python docs", "The x module."),
+                             ("https://spam.example.com/y", "Spam", "Buy now"),
+                             ("https://docs.python.org/3/x", "again", "dup")]]
+
+    def side(messages, **fields):
+        asked.append((messages, fields))
+        return {"role": "assistant", "content": "summary", "annotations": cites}
+    ctx = ctx._replace(side=side)
+    assert run(ctx, "WebSearch", query="python x") == ("1. Python docs\n   https://docs.python.org/3/x\n   The x module.\n"
+                                                       "2. Spam\n   https://spam.example.com/y\n   Buy now")
+    assert asked[0] == ([{"role": "user", "content": "python x"}], {"plugins": [{"id": "web", "max_results": 5}]})
+    assert run(ctx, "WebSearch", query="q", blocked_domains=["example.com"]).count("\n") == 2
+    assert run(ctx, "WebSearch", query="q", allowed_domains='["spam.example.com"]').startswith("1. Spam")
+    ctx = ctx._replace(side=lambda messages, **fields: {"role": "assistant", "content": "no idea"})
+    assert run(ctx, "WebSearch", query="q") == \
+        "Error: the search brought back no results (the server may have no web search)"
+
+
+def test_web_search_needs_openrouter():
+    cfg = agent.Config(api_key="k", cwd=Path("."), base_url="https://api.openai.com/v1", tools=("WebSearch",))
+    side = agent.Agent.side.__get__(type("A", (), {"cfg": cfg})())
+    with pytest.raises(agent.ToolError, match="web search needs OpenRouter's web plugin, which api.openai.com"):
+        side([{"role": "user", "content": "q"}], plugins=[{"id": "web"}])
+
+
+# --- End to end -----------------------------------------------------------------------------------
+
+
+def agent_file(base: Path, name: str, text: str) -> None:
+    (base / ".claude" / "agents").mkdir(parents=True, exist_ok=True)
+    (base / ".claude" / "agents" / f"{name}.md").write_text(text)
+
+
+def tool_names(body: dict) -> list[str]:
+    return [tool["function"]["name"] for tool in body.get("tools", [])]
+
+
+def test_sub_agents_run_side_by_side_with_their_own_conversations(serve, run, workspace):
+    agent_file(workspace, "reviewer", "---\nname: reviewer\ndescription: Reviews code strictly\ntools: Read, Grep\n"
+                                      "model: inherit\n---\nYou are a strict reviewer.\n")
+    both = threading.Barrier(2, timeout=10)  # the two sub-agents' first requests must be in flight together
+
+    def model(body: dict) -> dict:
+        task, last = body["messages"][1]["content"], body["messages"][-1]
+        if task == "main task":
+            if last["role"] == "user":
+                return reply(tool_calls=[
+                    call("Agent", {"description": "look around", "prompt": "sub A"}),
+                    call("Task", {"description": "review", "prompt": "sub B", "subagent_type": "reviewer"}),
+                    call("Agent", {"description": "x", "prompt": "p", "subagent_type": "nope"})])
+            return reply(" | ".join(tool_results(body)))
+        if last["role"] == "user":
+            both.wait()
+            if task == "sub A":
+                return reply(tool_calls=[call("Glob", {"pattern": "*"})])
+        return reply(f"{task} done")
+
+    server = serve(model)
+    result = run(["-p", "main task", "--output-format", "json"], cwd=workspace, base_url=server.url)
+    out = json.loads(result.stdout)
+    assert out["result"] == ("sub A done | sub B done | Error: no agent type nope; types: general-purpose, reviewer")
+    assert out["usage"]["requests"] == 5  # the sub-agents' requests count in the run's
+    main = server.bodies[0]
+    assert "\n- reviewer: Reviews code strictly" in main["tools"][-1]["function"]["description"]
+    sub_a = next(b for b in server.bodies if b["messages"][1]["content"] == "sub A")
+    sub_b = next(b for b in server.bodies if b["messages"][1]["content"] == "sub B")
+    assert "Agent" not in tool_names(sub_a) and "Read" in tool_names(sub_a)  # no sub-agent starts another
+    assert tool_names(sub_b) == ["Read", "Grep"]
+    assert sub_b["messages"][0]["content"].startswith("You are a strict reviewer.")
+    transcript = next((workspace.parent / "home" / ".solo" / "projects").rglob("*.jsonl")).read_text().splitlines()
+    chains = {json.loads(line).get("agent") for line in transcript if '"sidechain"' in line}
+    assert chains == {"general-purpose: look around", "reviewer: review"}
+    main_lines = [json.loads(line) for line in transcript[1:] if '"sidechain"' not in line]
+    assert [m.get("role") for m in main_lines] == ["system", "user", "assistant", "tool", "tool", "tool", "assistant"]
+
+
+def test_plan_mode_gives_sub_agents_read_only_tools(serve, run, workspace):
+    def model(body: dict) -> dict:
+        if body["messages"][1]["content"].startswith("plan it") and body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=[call("Agent", {"description": "d", "prompt": "sub"})])
+        return reply("done")
+    server = serve(model)
+    assert run(["-p", "plan it", "--permission-mode", "plan"], cwd=workspace, base_url=server.url).code == 0
+    sub = next(b for b in server.bodies if b["messages"][1]["content"] == "sub")
+    assert set(tool_names(sub)) == {"Read", "Glob", "Grep", "BashOutput", "WebFetch", "WebSearch", "TodoWrite"}
+
+
+def test_web_fetch_and_search_end_to_end_count_their_usage(serve, run, workspace, site):
+    cite = {"type": "url_citation", "url_citation": {"url": "https://example.org/a", "title": "Example",
+                                                     "content": "An example page.", "start_index": 0, "end_index": 5}}
+
+    def model(body: dict) -> dict:
+        if body["messages"][0]["content"] == agent.WEB_READER:
+            assert body["messages"][1]["content"].startswith(f'<page url="{site}/page">\n# Install')
+            return reply("It says: pip install x")
+        if body.get("plugins"):
+            return reply("found", annotations=[cite])
+        if body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=[call("WebFetch", {"url": f"{site}/page", "prompt": "How?"}),
+                                     call("WebSearch", {"query": "example"})])
+        return reply("\n".join(tool_results(body)))
+
+    server = serve(model)
+    result = run(["-p", "go", "--output-format", "json"], cwd=workspace, base_url=server.url)
+    out = json.loads(result.stdout)
+    assert out["result"] == "It says: pip install x\n1. Example\n   https://example.org/a\n   An example page."
+    assert out["usage"]["requests"] == 4
+    assert "stream" not in next(b for b in server.bodies if b.get("plugins"))
+
+
+def test_images_reach_the_request_body_and_a_blind_model_is_told(serve, run, workspace):
+    (workspace / "shot.png").write_bytes(png(2, 3))
+    (workspace / "photo.jpeg").write_bytes(jpeg(8, 6))
+    script = [call("Read", {"file_path": "shot.png"}), call("Read", {"file_path": "photo.jpeg"})]
+    text_only = [{"id": "anthropic/claude-haiku-4.5", "architecture": {"input_modalities": ["text"]}}]
+    for models in (None, text_only):
+        server = serve(lambda body: reply(tool_calls=script) if body["messages"][-1]["role"] == "user"
+                       and isinstance(body["messages"][-1]["content"], str) else reply("seen"), models=models)
+        assert run(["-p", "look"], cwd=workspace, base_url=server.url).code == 0
+        messages = server.bodies[1]["messages"]
+        if models is None:
+            assert [m["role"] for m in messages[-3:]] == ["tool", "tool", "user"]
+            urls = [p["image_url"]["url"][:22] for p in messages[-1]["content"] if p["type"] == "image_url"]
+            assert urls == ["data:image/png;base64,", "data:image/jpeg;base64"]
+            assert messages[-3]["content"].startswith("[shot.png: PNG image, 2x3 pixels")
+        else:
+            assert messages[-1]["content"] == "Error: the model anthropic/claude-haiku-4.5 cannot take images " \
+                                              "(OpenRouter's model list gives it no image input)"
+
+
+def test_the_first_request_with_every_tool_stays_under_9_kb(serve, run, workspace):
+    skill = workspace / ".claude" / "skills" / "deploy"
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: deploy\ndescription: Deploys the app\n---\nRun make deploy.\n")
+    server = serve(lambda body: reply("ok"))
+    assert run(["-p", "hi"], cwd=workspace, base_url=server.url).code == 0
+    assert set(tool_names(server.bodies[0])) == set(agent.TOOL_NAMES)
+    assert len(server.raw[0]) < 9_000, len(server.raw[0])
+
+
+def test_background_shells_end_when_solo_exits(serve, run, workspace):
+    script = [call("Bash", {"command": "sleep 60 & echo $! > pid; wait", "run_in_background": True})]
+    server = serve(lambda body: reply(tool_calls=script) if body["messages"][-1]["role"] == "user" else reply("ok"))
+    assert run(["-p", "serve"], cwd=workspace, base_url=server.url).code == 0
+    assert "as bash_1" in server.bodies[1]["messages"][-1]["content"]
+    pid = int((workspace / "pid").read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_a_session_draws_the_list_lists_agents_and_shells_and_attaches_pasted_images(serve, terminal, workspace):
+    (workspace / "shot.png").write_bytes(png(4, 4))
+    todos = [{"content": "Run tests", "status": "in_progress", "activeForm": "Running tests"},
+             {"content": "Ship", "status": "pending", "activeForm": "Shipping"}]
+
+    def model(body: dict) -> dict:
+        last = body["messages"][-1]
+        if last["role"] == "user" and last["content"] == "plan":
+            return reply(tool_calls=[call("TodoWrite", {"todos": todos})])
+        return reply("done")
+
+    server = serve(model)
+    term = terminal(server)
+    term.send("plan\r")
+    assert "[>] Running tests\n[ ] Ship" in term.expect("done").replace("\r", "")
+    term.expect(r"(?:^|\n)> ")
+    term.ask("/agents", "general-purpose: researches")
+    term.ask("/bashes", "no background shells")
+    term.ask("what is in shot.png", "done")
+    content = server.bodies[-1]["messages"][-1]["content"]
+    assert content[0] == {"type": "text", "text": "what is in shot.png"} and content[1]["type"] == "image_url"
+    term.send("\x04")
+    assert term.wait() == 0
