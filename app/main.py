@@ -1917,29 +1917,20 @@ def read_notebook(ctx: ToolContext, path: Path) -> str | None:
 
 
 def json_spans(text: str) -> tuple[list[tuple[int, int]], tuple[int, int]]:
-    """Where each cell of a notebook's JSON text starts and ends, and where the cells array does."""
-    decoder, space = json.JSONDecoder(), re.compile(r"\s*")
+    """Where each cell of a notebook's JSON text starts and ends, and where its cells array does."""
+    decoder, space = json.JSONDecoder(), re.compile(r"[\s,]*")  # commas: only where the JSON is valid
     i = space.match(text, text.index("{") + 1).end()
     while text[i] == '"':
         key, i = json.decoder.scanstring(text, i + 1)
-        i = space.match(text, space.match(text, i).end() + 1).end()  # past the ':'
+        i = re.compile(r"\s*:\s*").match(text, i).end()
         if key == "cells":
-            start, spans, i = i, [], space.match(text, i + 1).end()
+            spans, start, i = [], i, space.match(text, i + 1).end()
             while text[i] != "]":
-                end = decoder.raw_decode(text, i)[1]
-                spans.append((i, end))
-                i = space.match(text, end).end()
-                i = space.match(text, i + 1).end() if text[i] == "," else i
+                spans.append((i, decoder.raw_decode(text, i)[1]))
+                i = space.match(text, spans[-1][1]).end()
             return spans, (start, i + 1)
         i = space.match(text, decoder.raw_decode(text, i)[1]).end()
-        i = space.match(text, i + 1).end() if text[i] == "," else i
     raise ValueError("no cells")
-
-
-def indent_unit(text: str) -> int | None:
-    """The notebook's indentation unit (nbformat writes 1); None for JSON on one line."""
-    found = re.match(r"\s*\{\n( *)", text)
-    return len(found.group(1)) if found else None
 
 
 def margin_at(text: str, at: int) -> str:
@@ -1948,12 +1939,19 @@ def margin_at(text: str, at: int) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
-def cell_json(cell: dict, text: str, margin: str) -> str:
-    """A cell as the notebook writes it: its indentation unit, the margin it starts at, its escaping."""
-    unit = indent_unit(text)
-    dumped = json.dumps(cell, indent=unit, ensure_ascii=text.isascii() and "\\u" in text,
-                        separators=None if unit is not None else (",", ":"))
-    return dumped.replace("\n", "\n" + margin)
+def splice_cells(text: str, spans: list[tuple[int, int]], array: tuple[int, int], cells: list[Any]) -> str:
+    """The notebook's text with its cells array holding these cells (texts kept as they are, dicts written in the
+    file's indentation and escaping); everything else byte for byte."""
+    unit = len(found.group(1)) if (found := re.match(r"\s*\{\n( *)", text)) else None  # None: JSON on one line
+    margin = margin_at(text, spans[0][0]) if spans else margin_at(text, array[0]) + " " * (unit or 0)
+    escape = text.isascii() and "\\u" in text
+    cells = [c if isinstance(c, str) else json.dumps(c, indent=unit, ensure_ascii=escape, separators=None if unit
+                                                     is not None else (",", ":")).replace("\n", "\n" + margin)
+             for c in cells]
+    head, tail = (text[array[0]: spans[0][0]], text[spans[-1][1]: array[1]]) if spans else \
+        ("[\n" + margin, "\n" + margin_at(text, array[0]) + "]") if unit is not None else ("[", "]")
+    between = text[spans[0][1]: spans[1][0]] if len(spans) > 1 else "," + ("\n" + margin) * (unit is not None)
+    return text[:array[0]] + (head + between.join(cells) + tail if cells else "[]") + text[array[1]:]
 
 
 def new_cell(cell_type: str, source: Any, old: dict) -> dict:
@@ -1966,10 +1964,9 @@ def new_cell(cell_type: str, source: Any, old: dict) -> dict:
 
 def find_cell(cells: list, cell_id: str) -> int:
     """The index of the cell with this id (or cell-N for the Nth); ToolError naming the ids when none has it."""
-    for index, cell in enumerate(cells):
-        if cell_id in (cell.get("id"), f"cell-{index}"):
-            return index
     ids = [cell.get("id") or f"cell-{i}" for i, cell in enumerate(cells)]
+    if cell_id in ids or cell_id in (names := [f"cell-{i}" for i in range(len(cells))]):
+        return ids.index(cell_id) if cell_id in ids else names.index(cell_id)
     raise ToolError(f"no cell {cell_id}; the cells are: {', '.join(ids[:50]) or 'none'}; the file was left as is")
 
 
@@ -1983,50 +1980,34 @@ def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "
         raise ToolError("edit_mode is replace, insert or delete; cell_type is code or markdown")
     text = read_small(path, EDIT_MAX_BYTES)
     try:
-        cells, (spans, array) = json.loads(text)["cells"], json_spans(text)
+        notebook, (spans, array) = json.loads(text), json_spans(text)
+        cells = notebook["cells"]
         assert isinstance(cells, list) and len(cells) == len(spans) and all(isinstance(c, dict) for c in cells)
     except (ValueError, KeyError, TypeError, IndexError, AssertionError):
         raise ToolError(f"{notebook_path} is not a valid notebook (JSON with a cells list); it was left as is") from None
     index = find_cell(cells, cell_id) if cell_id or edit_mode != "insert" else -1
     lines = any(isinstance(cell.get("source"), list) for cell in cells) or not cells  # nbformat writes lists
     source = new_source.splitlines(keepends=True) if lines else new_source
+    pieces: list[Any] = [text[start:end] for start, end in spans]
     if edit_mode == "delete":
-        start, end = (spans[index][0], spans[index + 1][0]) if index + 1 < len(spans) else \
-            (spans[index - 1][1] if index else array[0] + 1, spans[index][1] if index else array[1] - 1)
-        text, done = text[:start] + text[end:], f"Deleted cell {cell_id}"
+        del pieces[index]
+        done = f"Deleted cell {cell_id}"
     elif edit_mode == "replace":
-        cell = cells[index]
-        if cell_type and cell_type != cell.get("cell_type"):
-            cell = new_cell(cell_type, source, cell)
-        elif cell.get("cell_type") == "code":
-            cell.update(execution_count=None, outputs=[])  # the old code's outputs would mislead
-        cell["source"] = source
-        start, end = spans[index]
-        text, done = text[:start] + cell_json(cell, text, margin_at(text, start)) + text[end:], f"Replaced cell {cell_id}"
+        cell = pieces[index] = cells[index] if cell_type in ("", cells[index].get("cell_type")) else \
+            new_cell(cell_type, source, cells[index])
+        cell.update({"source": source, **({"execution_count": None, "outputs": []} if cell.get("cell_type") == "code"
+                                          else {})})  # the old code's outputs would mislead
+        done = f"Replaced cell {cell_id}"
+    elif not cell_type:
+        raise ToolError("insert needs cell_type (code or markdown)")
     else:
-        if not cell_type:
-            raise ToolError("insert needs cell_type (code or markdown)")
-        ids = any("id" in cell for cell in cells) or json.loads(text).get("nbformat_minor", 0) >= 5
-        cell = new_cell(cell_type, source, {"id": os.urandom(4).hex()} if ids else {})
-        text, done = insert_cell(text, spans, array, index, cell), f"Inserted a {cell_type} cell" + (
-            f" with id {cell['id']}" if ids else "") + (f" after cell {cell_id}" if cell_id else " at the top")
-    write_file(ctx, path, text.encode("utf-8", "surrogateescape"), notebook_path)
+        ids = any("id" in cell for cell in cells) or notebook.get("nbformat_minor", 0) >= 5
+        pieces.insert(index + 1, cell := new_cell(cell_type, source, {"id": os.urandom(4).hex()} if ids else {}))
+        done = f"Inserted a {cell_type} cell" + (f" with id {cell['id']}" if ids else "") + (
+            f" after cell {cell_id}" if cell_id else " at the top")
+    write_file(ctx, path, splice_cells(text, spans, array, pieces).encode("utf-8", "surrogateescape"), notebook_path)
     forget_reads(ctx, path)
     return f"{done} in {notebook_path}"
-
-
-def insert_cell(text: str, spans: list[tuple[int, int]], array: tuple[int, int], index: int, cell: dict) -> str:
-    """A notebook's text with a cell added after the one at `index` (-1: first)."""
-    unit = indent_unit(text)
-    if not spans:
-        outer = margin_at(text, array[0])
-        inner = outer + " " * (unit or 0)
-        body = cell_json(cell, text, inner)
-        return text[:array[0]] + (f"[\n{inner}{body}\n{outer}]" if unit is not None else f"[{body}]") + text[array[1]:]
-    margin = margin_at(text, spans[0][0])
-    separator = text[spans[0][1]: spans[1][0]] if len(spans) > 1 else "," + ("\n" + margin) * (unit is not None)
-    at, body = spans[index][1] if index >= 0 else spans[0][0], cell_json(cell, text, margin)
-    return text[:at] + (separator + body if index >= 0 else body + separator) + text[at:]
 
 
 # --- Background shells ----------------------------------------------------------------------------
@@ -2142,76 +2123,57 @@ def tool_kill_shell(ctx: ToolContext, shell_id: str) -> str:
 # --- Web ------------------------------------------------------------------------------------------
 
 
+HEADINGS = {f"h{n}": "#" * n for n in range(1, 7)}
+BLOCK_TAGS = {"p", "div", "section", "article", "main", "header", "footer", "nav", "blockquote", "table", "ul", "ol",
+              "dl", "dt", "dd", "figure", "form", "hr", *HEADINGS}
+SKIPPED_TAGS = {"script", "style", "noscript", "template", "svg", "head", "iframe"}
+
+
 class PageText:
     """An HTML page as readable Markdown-like text: headings, links, lists, code, tables; scripts and styles dropped
     (the handlers of an html.parser.HTMLParser, which is imported only when a page is read)."""
 
-    SKIP = {"script", "style", "noscript", "template", "svg", "head", "iframe"}
-    BLOCKS = {"p", "div", "section", "article", "main", "header", "footer", "nav", "blockquote", "table", "ul", "ol",
-              "dl", "dt", "dd", "figure", "form", "hr"}
-
     def __init__(self, url: str):
         super().__init__(convert_charrefs=True)
-        self.url, self.out, self.skip, self.pre, self.lists, self.links, self.row = url, [], 0, 0, [], [], 0
-        self.rows = 0  # rows of the table so far: the first is its header
+        self.url, self.out, self.skip, self.pre, self.lists, self.links = url, [], 0, 0, [], []
+        self.cells = self.rows = 0  # of the table row and the table so far: a header line follows the first row
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         """Open an element."""
-        attr = dict(attrs)
-        if tag in self.SKIP:
-            self.skip += 1
-        elif tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
-            self.out.append("\n\n" + "#" * int(tag[1]) + " ")
-        elif tag == "li":
-            numbered = self.lists and self.lists[-1][0] == "ol"
-            if numbered:
-                self.lists[-1][1] += 1
-            self.out.append("\n" + "  " * max(len(self.lists) - 1, 0) + (f"{self.lists[-1][1]}. " if numbered else "- "))
-        elif tag == "pre":
-            self.pre += 1
-            self.out.append("\n\n```\n")
-        elif tag == "code" and not self.pre:
-            self.out.append("`")
-        elif tag == "a":
-            self.links.append(attr.get("href") or "")
-            self.out.append("[")
-        elif tag in ("td", "th"):
-            self.out.append("| ")
-            self.row += 1
-        elif tag == "img" and attr.get("alt"):
-            self.out.append(f"[image: {attr['alt']}]")
-        elif tag == "br":
-            self.out.append("\n")
-        elif tag == "table":
-            self.rows = 0
+        self.skip += tag in SKIPPED_TAGS
         if tag in ("ul", "ol"):
             self.lists.append([tag, 0])
-        if tag in self.BLOCKS:
-            self.out.append("\n\n")
+        if tag == "li" and self.lists:
+            self.lists[-1][1] += 1
+            kind, count = self.lists[-1]
+            self.out.append("\n" + "  " * (len(self.lists) - 1) + (f"{count}. " if kind == "ol" else "- "))
+        if tag == "a":
+            self.links.append(dict(attrs).get("href") or "")
+        self.rows = 0 if tag == "table" else self.rows
+        self.pre += tag == "pre"
+        self.cells += tag in ("td", "th")
+        block = "\n\n" + HEADINGS.get(tag, "") + " " * (tag in HEADINGS) if tag in BLOCK_TAGS else ""
+        self.out.append({"pre": "\n\n```\n", "code": "`" * (not self.pre), "a": "[", "td": "| ", "th": "| ",
+                         "br": "\n"}.get(tag, block))
 
     def handle_endtag(self, tag: str) -> None:
         """Close an element."""
         import urllib.parse  # already loaded by requests: free
-        if tag in self.SKIP:
-            self.skip = max(self.skip - 1, 0)
+        self.skip -= tag in SKIPPED_TAGS and self.skip > 0
+        if tag in ("ul", "ol") and self.lists:
+            self.lists.pop()
+        if tag == "a" and self.links:
+            href = self.links.pop()
+            self.out.append(f"]({urllib.parse.urljoin(self.url, href)})" if href and href[0] != "#" else "]")
+        elif tag == "tr":
+            self.rows += 1
+            self.out.append("|\n" + ("| --- " * self.cells + "|\n") * (self.rows == 1 and self.cells > 0))
+            self.cells = 0
         elif tag == "pre" and self.pre:
             self.pre -= 1
             self.out.append("\n```\n\n")
-        elif tag == "code" and not self.pre:
-            self.out.append("`")
-        elif tag == "a" and self.links:
-            href = self.links.pop()
-            self.out.append(f"]({urllib.parse.urljoin(self.url, href)})" if href and not href.startswith("#") else "]")
-        elif tag in ("td", "th"):
-            self.out.append(" ")
-        elif tag == "tr":
-            self.rows += 1
-            self.out.append("|" + ("\n" + "| --- " * self.row + "|" if self.rows == 1 and self.row else "") + "\n")
-            self.row = 0
-        elif tag in ("ul", "ol") and self.lists:
-            self.lists.pop()
-        if tag in self.BLOCKS or tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
-            self.out.append("\n\n")
+        else:
+            self.out.append({"code": "`" * (not self.pre), "td": " ", "th": " "}.get(tag, "\n\n" * (tag in BLOCK_TAGS)))
 
     def handle_data(self, data: str) -> None:
         """Text, as it is inside <pre>, else with its runs of whitespace made one space."""
@@ -2220,8 +2182,7 @@ class PageText:
 
     def text(self) -> str:
         """The page's text so far."""
-        text = re.sub(r"[ \t]+\n", "\n", "".join(self.out))
-        return re.sub(r"\n{3,}", "\n\n", text).strip()
+        return re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+\n", "\n", "".join(self.out))).strip()
 
 
 def page_text(html_text: str, url: str) -> str:

@@ -150,6 +150,19 @@ def test_notebook_edit_replace_insert_delete_keep_the_rest_byte_for_byte(ctx, in
     expect(nb)
 
 
+def test_notebook_edit_fills_and_empties_a_notebook(ctx):
+    nb, text = notebook()
+    path = ctx.cwd / "nb.ipynb"
+    path.write_text(text)
+    assert run(ctx, "NotebookEdit", notebook_path="nb.ipynb", new_source="a\nb", cell_type="code",
+               edit_mode="insert").startswith("Inserted a code cell with id")
+    nb["cells"] = json.loads(path.read_text())["cells"]
+    assert nb["cells"][0]["source"] == ["a\n", "b"]
+    assert path.read_text() == json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    run(ctx, "NotebookEdit", notebook_path="nb.ipynb", cell_id="cell-0", new_source="", edit_mode="delete")
+    assert path.read_text() == text
+
+
 def test_notebook_edit_refuses_bad_notebooks_and_unknown_cells(ctx):
     _, text = notebook(markdown("a", ["x"]))
     (ctx.cwd / "nb.ipynb").write_text(text)
