@@ -5,9 +5,10 @@ Usage:
     ./your_program.sh [options]                 read the prompt from piped stdin, or start a session
 
 The agent sends the conversation and its tool specs to OpenRouter's chat completions API, runs every
-tool call the model makes (Read, Write, Edit, Bash, Glob, Grep, Skill) in the working directory, sends
-the results back, and loops until the model answers without tool calls. stdout carries the answer and
-nothing else; progress, warnings and errors go to stderr.
+tool call the model makes (Read, Write, Edit, Bash, Glob, Grep, Skill, NotebookEdit, BashOutput, KillShell,
+WebFetch, WebSearch, TodoWrite, Agent) in the working directory, sends the results back, and loops until the
+model answers without tool calls. stdout carries the answer and nothing else; progress, warnings and errors go
+to stderr.
 
 Environment:
     OPENROUTER_API_KEY       required; never printed, never passed to commands
