@@ -4767,15 +4767,17 @@ class Session:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
         import readline
         self.streams.stdout.flush()
-        saved, alarm = os.dup(1), signal.signal(signal.SIGALRM, lambda signum, frame: None)
+        main = threading.current_thread() is threading.main_thread()  # sub-agents ask from their own threads
+        saved, alarm = os.dup(1), signal.signal(signal.SIGALRM, lambda signum, frame: None) if main else None
         os.dup2(2, 1)
         # readline's select() sleeps through a Ctrl-C that lands just before it starts: a tick wakes it to see it
-        signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
+        signal.setitimer(signal.ITIMER_REAL, 0.1 * main, 0.1)
         try:
             line = input(prompt)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, alarm)
+            if main:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, alarm)
             os.dup2(saved, 1)
             os.close(saved)
         if not history and line.strip():

@@ -543,3 +543,24 @@ def test_a_session_draws_the_list_lists_agents_and_shells_and_attaches_pasted_im
     assert content[0] == {"type": "text", "text": "what is in shot.png"} and content[1]["type"] == "image_url"
     term.send("\x04")
     assert term.wait() == 0
+
+
+def test_sub_agents_in_a_session_ask_one_question_at_a_time(serve, terminal, workspace):
+    def model(body: dict) -> dict:
+        task, last = body["messages"][1]["content"], body["messages"][-1]
+        if task == "two" and last["role"] == "user":
+            return reply(tool_calls=[call("Agent", {"description": d, "prompt": d}) for d in ("left", "right")])
+        if task in ("left", "right") and last["role"] == "user":
+            return reply(tool_calls=[call("Bash", {"command": f"echo {task} > {task}.txt"})])
+        return reply(f"{task} done")
+
+    server = serve(model)
+    term = terminal(server)
+    term.send("two\r")
+    for _ in range(2):
+        term.expect(r"Allow Bash\? \[y/n/a\] ")
+        term.send("y\r")
+    term.expect("two done")
+    assert (workspace / "left.txt").read_text() == "left\n" and (workspace / "right.txt").read_text() == "right\n"
+    term.send("\x04")
+    assert term.wait() == 0
