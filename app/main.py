@@ -1242,8 +1242,10 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
         raise ToolError("offset and limit must be at least 1")
     with open(path, "rb") as f:
         head = f.read(16)
-    if image_type(head):
-        return read_image(ctx, path, file_path)
+    if image_type(head):  # a line about it here, the image itself in a message after the results
+        about, part = image_part(path, file_path)
+        check_sight(ctx)
+        return attached(f"[{about}; the image follows in the next message]", [part])
     if path.suffix == ".ipynb" and (notebook := read_notebook(ctx, path)) is not None:
         return notebook
     st, key = path.stat(), (str(path.resolve()), offset, limit)
@@ -1795,15 +1797,14 @@ def attached(text: str, parts: Iterable[dict]) -> Attached:
     return result
 
 
+IMAGE_MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF87a": "image/gif",
+               b"GIF89a": "image/gif"}
+
+
 def image_type(head: bytes) -> str | None:
     """An image's media type from its first bytes (PNG, JPEG, GIF, WebP); None for anything else."""
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if head.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if head[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    return "image/webp" if head[:4] == b"RIFF" and head[8:12] == b"WEBP" else None
+    webp = "image/webp" if head[:4] == b"RIFF" and head[8:12] == b"WEBP" else None
+    return next((kind for magic, kind in IMAGE_MAGIC.items() if head.startswith(magic)), webp)
 
 
 def jpeg_size(data: bytes) -> tuple[int, int]:
@@ -1867,13 +1868,6 @@ def image_part(path: Path, file_path: str) -> tuple[str, dict]:
     url = f"data:{kind};base64,{base64.b64encode(data).decode()}"
     return (f"{file_path}: {kind[6:].upper()} image, {width}x{height} pixels, {size} bytes",
             {"type": "image_url", "image_url": {"url": url}})
-
-
-def read_image(ctx: ToolContext, path: Path, file_path: str) -> Attached:
-    """Read's result for an image: a line about it, the image itself in a message after the results."""
-    line, part = image_part(path, file_path)
-    check_sight(ctx)
-    return attached(f"[{line}; the image follows in the next message]", [part])
 
 
 def cell_text(value: Any) -> str:
@@ -1985,7 +1979,8 @@ def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "
         cells = notebook["cells"]
         assert isinstance(cells, list) and len(cells) == len(spans) and all(isinstance(c, dict) for c in cells)
     except (ValueError, KeyError, TypeError, IndexError, AssertionError):
-        raise ToolError(f"{notebook_path} is not a valid notebook (JSON with a cells list); it was left as is") from None
+        raise ToolError(f"{notebook_path} is not a valid notebook (JSON with a cells list); it was left as is") \
+            from None
     index = find_cell(cells, cell_id) if cell_id or edit_mode != "insert" else -1
     lines = any(isinstance(cell.get("source"), list) for cell in cells) or not cells  # nbformat writes lists
     source = new_source.splitlines(keepends=True) if lines else new_source
@@ -2039,10 +2034,11 @@ class Shell:
             return
 
     def take(self) -> tuple[str, str]:
-        """The state (running / exit code) and what arrived since the last take."""
+        """The state (running / exit code) and what arrived since the last take (all of it, once it ended)."""
+        state = self.state()
         with self.lock:
             out, self.out = self.out, HeadTail(self.out.keep)
-        return self.state(), out.text()
+        return state, out.text()
 
     def state(self) -> str:
         """running, or how it ended."""
@@ -2464,8 +2460,8 @@ def project_instructions(cfg: Config, notice: Callable[[str], None], *,
 
 def params(required: list[str], **props: tuple[str, str]) -> dict:
     """A JSON Schema object from name=(type, description) pairs."""
-    properties = {name: {"type": kind, "description": text, **({"items": {"type": "string"}} if kind == "array" else {})}
-                  for name, (kind, text) in props.items()}
+    properties = {name: {"type": kind, "description": text, **({"items": {"type": "string"}} if kind == "array"
+                                                                 else {})} for name, (kind, text) in props.items()}
     return {"type": "object", "properties": properties, "required": required}
 
 
@@ -2516,9 +2512,11 @@ TOOLS: tuple[Tool, ...] = (
                 arguments=("string", "Arguments for the skill, as the user would type them")),
          tool_skill),
     Tool("BashOutput", "New output of a background shell since the last read, and whether it still runs.",
-         params(["bash_id"], bash_id=("string", "The shell id"), filter=("string", "Keep only lines matching this regex")),
+         params(["bash_id"], bash_id=("string", "The shell id"),
+                filter=("string", "Keep only lines matching this regex")),
          tool_bash_output, read_only=True),
-    Tool("KillShell", "End a background shell and its processes.", params(["shell_id"], shell_id=("string", "The shell id")),
+    Tool("KillShell", "End a background shell and its processes.",
+         params(["shell_id"], shell_id=("string", "The shell id")),
          tool_kill_shell),
     Tool("NotebookEdit", "Replace, insert (after cell_id; first without it) or delete one cell of a .ipynb notebook.",
          params(["notebook_path", "new_source"], notebook_path=("string", "Path of the notebook"),
@@ -3645,7 +3643,8 @@ def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tup
 class Conversation(list):
     """A conversation's messages: every change is also written to its transcript, as it happens."""
 
-    def __init__(self, messages: Iterable[dict] = (), transcript: Transcript | None = None, sidechain: bool | str = False):
+    def __init__(self, messages: Iterable[dict] = (), transcript: Transcript | None = None,
+                 sidechain: bool | str = False):
         super().__init__(messages)
         self.transcript, self.sidechain = transcript, sidechain  # a sub-agent's: True, or its name
         self.reads: dict[tuple, tuple] = {}  # Reads whose full result is in this conversation, by file and lines
@@ -3883,7 +3882,8 @@ class Compactor:
         kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
         request = content_text(messages[latest]) if latest else ""
         request = request.partition(LATEST + "\n")[2] if request.startswith(COMPACTED) else request  # not nested
-        todos = f"\n\n[Your to-do list (TodoWrite):]\n{checklist(messages.todos)}" if getattr(messages, "todos", 0) else ""
+        todos = getattr(messages, "todos", None)
+        todos = f"\n\n[Your to-do list (TodoWrite):]\n{checklist(todos)}" if todos else ""
         summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}{todos}"}
         if isinstance(messages, Conversation):
             messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
@@ -4213,8 +4213,9 @@ class Agent:
         for message in ({"role": "system", "content": system}, {"role": "user", "content": prompt}):
             messages.append(message)
         emit = lambda event: self.emit({**event, "agent": description or kind})  # noqa: E731
-        outcome = run_agent(cfg, messages, model=self.model, tools=tools, ctx=self.ctx._replace(delegate=None, emit=emit),
-                            usage=self.usage, emit=emit, info=self.model.model_info, compactor=self.compactor)
+        outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
+                            ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
+                            compactor=self.compactor)
         if outcome.subtype != "success":
             raise ToolError(f"the sub-agent stopped ({outcome.subtype}) before it answered")
         return outcome.answer or "(the sub-agent answered nothing)"
@@ -4222,7 +4223,8 @@ class Agent:
     def side(self, messages: list[dict], **fields: Any) -> dict:
         """The reply message to a request beside the conversation (a page read, a web search); its usage counted."""
         if fields.get("plugins") and strict_api(self.cfg.base_url):
-            raise ToolError(f"web search needs OpenRouter's web plugin, which {host_of(self.cfg.base_url)} does not have")
+            host = host_of(self.cfg.base_url)
+            raise ToolError(f"web search needs OpenRouter's web plugin, which {host} does not have")
         body = {**build_request(self.cfg._replace(stream=False), messages, []), **fields}
         self.emit({"type": "request", "body": body})
         reply = self.model(body)
@@ -4530,8 +4532,10 @@ class Reporter:
             self.trace.write(redact(json.dumps({"time": round(time.time(), 3), **event}, ensure_ascii=False),
                                     self.cfg.api_key) + "\n")
             self.trace.flush()
-        if kind == "delta" or (event.get("agent") and kind not in ("notice", "reply", "request", "tool_result")):
-            return self.delta(event["delta"]) if kind == "delta" and not event.get("agent") else None
+        if event.get("agent") and kind not in ("notice", "reply", "request", "tool_result"):
+            return  # of a sub-agent's events, only its notices, timings and tool lines show
+        if kind == "delta":
+            return self.delta(event["delta"])
         self.thinking(kind == "request")
         if kind == "reply":
             self.api_seconds += event["seconds"]
@@ -4559,7 +4563,8 @@ class Reporter:
                                      "tool_input": parse_arguments(event["arguments"])})
         if kind == "tool_result" and (self.cfg.verbose or self.interactive):
             outcome = "error" if event["is_error"] else "ok"
-            self.say(f"{'[' + event['agent'] + '] ' if event.get('agent') else ''}{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
+            who = f"[{event['agent']}] " if event.get("agent") else ""
+            self.say(f"{who}{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
                      f"{len(event['content'])} chars, {event['seconds']:.2f} s")
         if self.cfg.output_format == "stream-json" and kind in STREAM_JSON_EVENTS and not event.get("agent"):
             self.write_json(self.claude_event(event))

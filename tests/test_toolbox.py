@@ -336,7 +336,8 @@ def test_web_fetch_reads_pages_and_asks_the_model(ctx, site, monkeypatch):
         "to follow it"
     assert run(ctx, "WebFetch", url=f"{site}/binary", prompt="p") == \
         f"Error: {site}/binary is application/octet-stream (1024 bytes), not a page to read"
-    assert run(ctx, "WebFetch", url=f"{site}/missing", prompt="p") == f"Error: {site}/missing answered HTTP 404 Not Found"
+    assert run(ctx, "WebFetch", url=f"{site}/missing", prompt="p") == \
+        f"Error: {site}/missing answered HTTP 404 Not Found"
     run(ctx, "WebFetch", url=f"{site}/big", prompt="p")
     assert asked[-1][0][1]["content"].count("x") < 110_000 and "[the page was cut at 5242880 bytes]" in \
         asked[-1][0][1]["content"]
@@ -378,8 +379,9 @@ def test_web_search_lists_cited_results_and_filters_domains(ctx):
         asked.append((messages, fields))
         return {"role": "assistant", "content": "summary", "annotations": cites}
     ctx = ctx._replace(side=side)
-    assert run(ctx, "WebSearch", query="python x") == ("1. Python docs\n   https://docs.python.org/3/x\n   The x module.\n"
-                                                       "2. Spam\n   https://spam.example.com/y\n   Buy now")
+    assert run(ctx, "WebSearch", query="python x") == (
+        "1. Python docs\n   https://docs.python.org/3/x\n   The x module.\n"
+        "2. Spam\n   https://spam.example.com/y\n   Buy now")
     assert asked[0] == ([{"role": "user", "content": "python x"}], {"plugins": [{"id": "web", "max_results": 5}]})
     assert run(ctx, "WebSearch", query="q", blocked_domains=["example.com"]).count("\n") == 2
     assert run(ctx, "WebSearch", query="q", allowed_domains='["spam.example.com"]').startswith("1. Spam")
