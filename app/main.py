@@ -2517,7 +2517,7 @@ TOOLS: tuple[Tool, ...] = (
          tool_bash_output, read_only=True),
     Tool("KillShell", "End a background shell and its processes.",
          params(["shell_id"], shell_id=("string", "The shell id")),
-         tool_kill_shell),
+         tool_kill_shell, asks=True),
     Tool("NotebookEdit", "Replace, insert (after cell_id; first without it) or delete one cell of a .ipynb notebook.",
          params(["notebook_path", "new_source"], notebook_path=("string", "Path of the notebook"),
                 cell_id=("string", "The cell's id"), new_source=("string", "The cell's new source"),

@@ -457,6 +457,7 @@ def test_plan_mode_gives_sub_agents_read_only_tools(serve, run, workspace):
     assert run(["-p", "plan it", "--permission-mode", "plan"], cwd=workspace, base_url=server.url).code == 0
     sub = next(b for b in server.bodies if b["messages"][1]["content"] == "sub")
     assert set(tool_names(sub)) == {"Read", "Glob", "Grep", "BashOutput", "WebFetch", "WebSearch", "TodoWrite"}
+    assert tool_names(server.bodies[0])[-1] == "Agent" and "KillShell" not in tool_names(server.bodies[0])
 
 
 def test_web_fetch_and_search_end_to_end_count_their_usage(serve, run, workspace, site):
