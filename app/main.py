@@ -4205,7 +4205,7 @@ class Agent:
         spec = self.agent_types.get(kind)
         if spec is None:
             raise ToolError(f"no agent type {kind}; types: {', '.join(self.agent_types)}")
-        cfg = self.cfg._replace(model=spec.model or self.cfg.model)
+        cfg = self.cfg._replace(model=spec.model or self.cfg.model, stream=False)  # its text is not shown
         tools = {n: t for n, t in self.tools.items() if n != "Agent" and (spec.tools is None or n in
                  spec.tools) and (t.read_only or cfg.permission_mode != "plan")}
         system = f"{spec.prompt}\n\nWorking directory: {cfg.cwd}" if spec.prompt else system_prompt(cfg, {})
@@ -4509,11 +4509,12 @@ class Reporter:
         self.showing = False  # the 'thinking' note is on the terminal
         self.live = self.streamed = self.answered = False  # text on stdout: its line open / this reply / last reply
         self.api_seconds, self.stop_reason, self.denials = 0.0, None, []
+        self.lock = threading.RLock()  # held by a question on the terminal: sub-agents' lines wait for the answer
 
     def say(self, text: str) -> None:
         """A line on stderr; a stderr that is gone costs nothing but the line."""
         self.thinking(False)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), self.lock:
             self.end_line()
             line = for_terminal(f"solo: {redact(text, self.cfg.api_key)}", self.streams.stderr)
             print(line, file=self.streams.stderr, flush=True)
@@ -4767,6 +4768,7 @@ class Session:
         self.streams, self.always, self.resume = streams, set(), (resume, fork)
         self.reporter = Reporter(cfg, streams, interactive=True, fancy=env.get("TERM", "dumb") not in ("", "dumb"))
         self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm, ask_trust=self.ask_trust)
+        self.agent.asking = self.reporter.lock  # while a question waits, no other line is drawn under it
 
     def read_line(self, prompt: str, *, history: bool = True) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""

@@ -564,6 +564,8 @@ def test_sub_agents_in_a_session_ask_one_question_at_a_time(serve, terminal, wor
         term.expect(r"Allow Bash\? \[y/n/a\] ")
         term.send("y\r")
     term.expect("two done")
+    term.expect(r"\n> ")
+    assert "left done" not in term.transcript  # a sub-agent's answer is its caller's, not the screen's
     assert (workspace / "left.txt").read_text() == "left\n" and (workspace / "right.txt").read_text() == "right\n"
     term.send("\x04")
     assert term.wait() == 0
