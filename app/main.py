@@ -4171,6 +4171,8 @@ class Agent:
         system = [{"role": "system", "content": system_prompt(self.cfg, catalog, instructions)}]
         conversation = Sessions(self.cfg).open(self.cfg.session_id, system, self.notice, resume, fork)
         self.transcript = conversation.transcript  # sub-agents write there too
+        for call in [c for m in conversation for c in m.get("tool_calls") or [] if c["function"]["name"] == "TodoWrite"]:
+            run_tool_call(call, {t.name: t for t in TOOLS}, self.ctx._replace(todos=conversation.todos, emit=None))
         return conversation
 
     def notice(self, text: str) -> None:

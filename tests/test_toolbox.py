@@ -569,3 +569,17 @@ def test_sub_agents_in_a_session_ask_one_question_at_a_time(serve, terminal, wor
     assert (workspace / "left.txt").read_text() == "left\n" and (workspace / "right.txt").read_text() == "right\n"
     term.send("\x04")
     assert term.wait() == 0
+
+
+def test_a_resumed_session_has_its_to_do_list_back(tmp_path):
+    cfg = agent.Config(api_key="k", cwd=tmp_path, solo_home=tmp_path / "solo", session_id=agent.new_uuid(),
+                       tools=agent.TOOL_NAMES)
+    first = agent.Agent(cfg, {}, lambda event: None)
+    conversation = first.conversation()
+    todos = [{"content": "Ship", "status": "pending", "activeForm": "Shipping"}]
+    conversation.append({"role": "user", "content": "plan"})
+    conversation.append({"role": "assistant", "content": None, "tool_calls": [call("TodoWrite", {"todos": todos})]})
+    conversation.transcript.close()
+    path = next((tmp_path / "solo").rglob("*.jsonl"))
+    second = agent.Agent(cfg, {}, lambda event: None)
+    assert second.conversation(path).todos == todos
