@@ -4110,6 +4110,7 @@ class Agent:
             self.tools["Agent"] = self.tools["Agent"]._replace(description=self.tools["Agent"].description + "".join(
                 f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
         self.shells, self.asking = Shells(), threading.Lock()  # asking: one permission question at a time
+        self.turns = 0  # prompts run: a sub-agent left running by a cancelled one stops at its next step
         self.scratch, self.servers, self.guard = None, [], None  # a read-only sandbox's private temp folder; the MCP
         self.trust = settle_trust(cfg, ask_trust, self.notice)  # servers; the guarded files of a sandbox. Asked first
         sandbox = self.confine()
@@ -4214,7 +4215,12 @@ class Agent:
         messages = Conversation(transcript=self.transcript, sidechain=f"{kind}: {description}")
         for message in ({"role": "system", "content": system}, {"role": "user", "content": prompt}):
             messages.append(message)
-        emit = lambda event: self.emit({**event, "agent": description or kind})  # noqa: E731
+        turn = self.turns
+
+        def emit(event: dict) -> None:
+            if self.turns != turn:
+                raise ToolError("the prompt that started this sub-agent was cancelled")
+            self.emit({**event, "agent": description or kind})
         outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
                             ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
                             compactor=self.compactor)
@@ -4251,7 +4257,10 @@ class Agent:
             parts.append(PLAN_NOTE)
         text, images = "\n\n".join(parts), list(images)
         messages.append({"role": "user", "content": [{"type": "text", "text": text}, *images] if images else text})
-        return self.run(messages)
+        try:
+            return self.run(messages)
+        finally:
+            self.turns += 1
 
     def permit(self, tool: str, args: dict) -> str:
         """Why a call that changes things may not run, by the permission mode or the user; "" when it may."""

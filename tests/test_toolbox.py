@@ -583,3 +583,26 @@ def test_a_resumed_session_has_its_to_do_list_back(tmp_path):
     path = next((tmp_path / "solo").rglob("*.jsonl"))
     second = agent.Agent(cfg, {}, lambda event: None)
     assert second.conversation(path).todos == todos
+
+
+def test_a_sub_agent_of_a_cancelled_prompt_stops_at_its_next_step(serve, tmp_path):
+    go = threading.Event()
+
+    def model(body: dict) -> dict:
+        if body["messages"][-1]["role"] == "user":
+            go.wait(10)
+            return reply(tool_calls=[call("Glob", {"pattern": "*"})])
+        return reply("finished")
+
+    server = serve(model)
+    cfg = agent.Config(api_key="k", cwd=tmp_path, base_url=server.url, tools=agent.TOOL_NAMES, persist=False)
+    runner = agent.Agent(cfg, {}, lambda event: None)
+    outcome: list[str] = []
+    thread = threading.Thread(target=lambda: outcome.append(run(runner.ctx, "Agent", description="d", prompt="p")))
+    thread.start()
+    while not server.bodies:
+        time.sleep(0.02)
+    runner.turns += 1  # what Agent.ask does when its prompt ends, cancelled or not
+    go.set()
+    thread.join(10)
+    assert outcome == ["Error: the prompt that started this sub-agent was cancelled"] and len(server.bodies) == 1
