@@ -1,14 +1,20 @@
 """solo: a coding agent in one file.
 
-Usage:
-    ./your_program.sh -p "PROMPT" [options]     answer one prompt, print the answer, exit
-    ./your_program.sh [options]                 read the prompt from piped stdin, or start a session
+Usage (`solo` installed, or ./your_program.sh in the repository):
+    solo -p "PROMPT" [options]     answer one prompt, print the answer, exit
+    solo [options]                 read the prompt from piped stdin, or start a session
 
 The agent sends the conversation and its tool specs to OpenRouter's chat completions API, runs every
 tool call the model makes (Read, Write, Edit, Bash, Glob, Grep, Skill, NotebookEdit, BashOutput, KillShell,
 WebFetch, WebSearch, TodoWrite, Agent) in the working directory, sends the results back, and loops until the
 model answers without tool calls. stdout carries the answer and nothing else; progress, warnings and errors go
 to stderr.
+
+Examples:
+    solo -p "What does this project do?"           # answer one prompt and exit
+    git diff | solo -p "Review this change"        # piped text is the prompt's context
+    solo --model anthropic/claude-sonnet-4.5       # a session with another model
+    solo -c -p "Now run the tests"                 # go on with this folder's last session
 
 Environment:
     OPENROUTER_API_KEY       required; never printed, never passed to commands
@@ -23,6 +29,9 @@ Environment:
     SOLO_HOME                where transcripts and caches live (default ~/.solo)
     SOLO_SESSION_DAYS        transcripts older than this are deleted (default 30)
     SOLO_COMPACT_AT          share of the context window that may fill before compaction (default 0.8; 1: never)
+    SOLO_SANDBOX             the sandbox mode when --sandbox is not given (default off)
+    MCP_TIMEOUT              seconds an MCP server may take to start (default 10)
+    MCP_TOOL_TIMEOUT         seconds one MCP tool call may take (default 120)
     SOLO_DEBUG=1             show Python tracebacks for internal errors
 
 Exit codes:
@@ -90,16 +99,21 @@ EDIT_MAX_BYTES = 20_000_000  # Edit holds the whole file in memory: refuse beyon
 BASH_TIMEOUT_MS, BASH_MAX_TIMEOUT_MS = 120_000, 600_000
 BACKGROUND_GRACE = 0.3  # seconds to drain output after the shell exits before giving up on it
 SEARCH_SECONDS = 30.0  # Glob and Grep stop here: a huge tree or a runaway regex must not hang the agent
-SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "CREDENTIAL", "WEBHOOK")  # anywhere in a variable's name
-SECRET_PARTS = {"PASS", "PAT", "AUTH"}  # as a whole part of a name (GITHUB_PAT, not PATH; NPM_AUTH, not AUTHOR)
-NOT_SECRETS = {"SSH_AUTH_SOCK"}  # a socket's path
-SECRET_URL = re.compile(r"[a-z][\w+.-]*://[^/\s:@]*:[^/\s@]+@", re.IGNORECASE)  # a URL with a password
+SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "WEBHOOK")  # anywhere
+SECRET_PARTS = {"PASS", "PAT", "AUTH", "PWD", "DSN"}  # as a whole part of a name: GITHUB_PAT, not PATH; MYSQL_PWD
+NOT_SECRETS = {"SSH_AUTH_SOCK", "PWD", "OLDPWD"}  # a socket's path, the working directories
+SECRET_URL = re.compile(r"://[^/\s:@]*:[^\s@]+@")  # a URL with a password, anywhere in the value
 SKIP_DIRS = {".git", ".hg", ".svn"}
 SNIFF_BYTES = 8192  # bytes looked at to decide whether a file is text
 SKILL_LIMIT = 256_000  # bytes of one SKILL.md
 
 RETRY_STATUSES = {408, 429, 500, 502, 503, 504, 524, 529}
 FINAL_STATUSES = {400, 401, 402, 403, 404}
+MODEL_FORM = "anthropic/claude-sonnet-4.5"  # what an OpenRouter model name looks like, shown when one is not known
+MODEL_HINT = f"model names look like {MODEL_FORM}; see https://openrouter.ai/models"
+BASE_URL_HINT = f"check OPENROUTER_BASE_URL: OpenRouter's is {DEFAULT_BASE_URL}, ending in /api/v1"
+NO_RESOLUTION = re.compile(r"Failed to resolve|name resolution|Name or service not known|nodename nor servname|"
+                           r"No address associated|getaddrinfo failed")  # the host's name does not resolve
 STATUS_HINTS = {
     401: "check OPENROUTER_API_KEY",
     402: "the account is out of credits",
@@ -390,6 +404,8 @@ class Spawner:
                 self.thread = concurrent.futures.ThreadPoolExecutor(1, "spawner")
         proc = self.thread.submit(subprocess.Popen, args, preexec_fn=self.prepare, **kwargs).result()
         self.pids.add(proc.pid)
+        if len(self.pids) % 32 == 0:  # what ended of what commands left behind is reaped now and then, not piled up
+            orphans(self.pids)
         return proc
 
     def shutdown(self) -> None:
@@ -410,37 +426,49 @@ def process_table() -> dict[int, tuple[int, str, str]]:
     return table
 
 
+def namespace_init(pid: int) -> bool:
+    """Whether a process is the first of its own PID namespace (the init solo leaves beside a confined command)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc", str(pid), "status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return len(line.split()) > 2 and line.split()[-1] == "1"
+    return False
+
+
 def orphans(known: set[int]) -> list[tuple[int, str]]:
     """What earlier commands left running (adopted by solo as their subreaper), with command lines; zombies among
     solo's adopted children are reaped by pid on the way (never waitpid(-1), which would rob subprocess)."""
     table, me = process_table(), os.getpid()
-    own = table.get(me, (0, "", ""))[2]
     adopted = [pid for pid, (ppid, _, _) in table.items() if ppid == me and pid not in known]
     for pid in [pid for pid in adopted if table[pid][1] == "Z"]:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
     found, queue = [], [pid for pid in adopted if table[pid][1] != "Z"]
-    while queue:  # each adopted process and everything under it, but for copies of solo waiting in a namespace
+    while queue:  # each adopted process and everything under it, but for the inits solo leaves in namespaces
         pid = queue.pop(0)
-        if table[pid][2] != own:
+        if table[pid][0] != me or not namespace_init(pid):
             found.append((pid, table[pid][2]))
         queue += [child for child, (ppid, state, _) in table.items() if ppid == pid and state != "Z"]
     return found
 
 
-def end_orphans() -> None:
+def end_orphans(seconds: float = 5.0) -> None:
     """Kill and reap everything commands left running, generation by generation (the children of a killed
-    process are adopted next); only when solo is their subreaper, so a test process's own children are left be."""
+    process are adopted next), for a few seconds at most; only when solo is their subreaper, so a test process's
+    own children are left be."""
     import ctypes
     flag = ctypes.c_int(0)
     with contextlib.suppress(OSError, AttributeError):
         load_libc().prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
-    me = os.getpid()
-    for _ in range(100) if flag.value else ():
+    me, deadline = os.getpid(), time.monotonic() + seconds
+    while flag.value and time.monotonic() < deadline:
         adopted = [pid for pid, (ppid, _, _) in process_table().items() if ppid == me]
         if not adopted:
             return
         for pid in adopted:
+            with contextlib.suppress(OSError):
+                if (group := os.getpgid(pid)) != os.getpgrp():  # its group too: a forking loop goes at once
+                    signal_group(group, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
@@ -468,14 +496,21 @@ SYSCALLS = {  # name: number on x86_64, on aarch64 (checked against the kernel h
     "open_by_handle_at": (304, 265), "userfaultfd": (323, 282), "io_uring_setup": (425, 425),
     "io_uring_enter": (426, 426), "io_uring_register": (427, 427), "open_tree": (428, 428), "move_mount": (429, 429),
     "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
-    "mount_setattr": (442, 442),
+    "mount_setattr": (442, 442), "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53),
+    "fchmodat2": (452, 452), "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7),
+    "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
 }
-REFUSED_CALLS = tuple(name for name in SYSCALLS if name not in ("socket", "ioctl", "clone", "clone3", "capset"))
+MODE_CALLS = {"chmod": 24, "fchmod": 24, "fchmodat": 32, "fchmodat2": 32}  # where their mode argument is
+XATTR_CALLS = ("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr")
+REFUSED_CALLS = tuple(name for name in SYSCALLS if name not in (
+    "socket", "ioctl", "clone", "clone3", "capset", *MODE_CALLS, *XATTR_CALLS))
 AUDIT_ARCHES = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # ioctls that type into or redraw a terminal
 BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_AND, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
 SECCOMP_ALLOW, SECCOMP_EPERM, SECCOMP_ENOSYS, SECCOMP_KILL = 0x7FFF0000, 0x50001, 0x50026, 0x80000000
+SECCOMP_EOPNOTSUPP = 0x5005F  # what a file system without extended attributes says: tools go on without them
+SET_ID_BITS = 0o6000  # S_ISUID | S_ISGID
 
 
 class Sandbox(NamedTuple):
@@ -527,8 +562,11 @@ def bpf_program(program: list) -> bytes:
 def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
     """The seccomp filter of confined commands: the system calls that reach other processes, the kernel's keys,
     mounts, namespaces and io_uring (which bypasses seccomp) refused; sockets only of the kinds allowed
-    (socketpair always); no ioctl that types into a terminal. Another architecture's calls kill the process."""
-    nr = {name: numbers[machine == "aarch64"] for name, numbers in SYSCALLS.items()}
+    (socketpair always); no ioctl that types into a terminal; no set-user-ID or set-group-ID bit set and no extended
+    attribute changed (Landlock does not govern either). Another architecture's calls kill the process."""
+    nr = {name: numbers[machine == "aarch64"] for name, numbers in SYSCALLS.items()
+          if numbers[machine == "aarch64"] is not None}
+    modes = [(BPF_JEQ, nr[name], f"mode{offset}") for name, offset in MODE_CALLS.items() if name in nr]
     inet = [(BPF_JEQ, 2, "inet"), (BPF_JEQ, 10, "inet")] if network else []  # AF_INET, AF_INET6
     return bpf_program([
         (BPF_LD, 4), (BPF_JEQ, AUDIT_ARCHES[machine], None, "kill"), (BPF_LD, 0),
@@ -536,12 +574,15 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
         *[(BPF_JEQ, nr[name], "deny") for name in REFUSED_CALLS],
         (BPF_JEQ, nr["clone3"], "nosys"),  # its flags cannot be read: ENOSYS makes the C library use clone
         (BPF_JEQ, nr["socket"], "socket"), (BPF_JEQ, nr["ioctl"], "ioctl"), (BPF_JEQ, nr["clone"], "clone"),
-        (BPF_RET, SECCOMP_ALLOW),
+        *modes, *[(BPF_JEQ, nr[name], "noxattr") for name in XATTR_CALLS], (BPF_RET, SECCOMP_ALLOW),
         "socket", (BPF_LD, 16), *([(BPF_JEQ, 1, "allow")] if unix else []), *inet, (BPF_RET, SECCOMP_EPERM),
         "inet", (BPF_LD, 24), (BPF_AND, 0xF), (BPF_JEQ, 1, "protocol"), (BPF_JEQ, 2, "protocol", "deny"),
         "protocol", (BPF_LD, 32), (BPF_JEQ, 0, "allow"), (BPF_JEQ, 6, "allow"), (BPF_JEQ, 17, "allow", "deny"),
         "ioctl", (BPF_LD, 24), (BPF_JEQ, TIOCSTI, "deny"), (BPF_JEQ, TIOCLINUX, "deny", "allow"),
         "clone", (BPF_LD, 16), (BPF_JSET, NAMESPACE_FLAGS, "deny", "allow"),
+        "mode24", (BPF_LD, 24), (BPF_JSET, SET_ID_BITS, "deny", "allow"),
+        "mode32", (BPF_LD, 32), (BPF_JSET, SET_ID_BITS, "deny", "allow"),
+        "noxattr", (BPF_RET, SECCOMP_EOPNOTSUPP),
         "allow", (BPF_RET, SECCOMP_ALLOW), "deny", (BPF_RET, SECCOMP_EPERM), "nosys", (BPF_RET, SECCOMP_ENOSYS),
         "kill", (BPF_RET, SECCOMP_KILL),
     ])
@@ -659,8 +700,8 @@ class Confinement:
             os._exit(255)
 
     def init(self, command: int, write: int) -> None:
-        """The namespace's first process: reap its orphans; when the command ends, pass its code on (and stop
-        dying with the waiter when background jobs remain: solo ends them when it exits)."""
+        """The namespace's first process: reap its orphans; when the command ends, pass its code on (and when
+        background jobs remain, die with solo instead of with the waiter)."""
         try:
             os.closerange(0, write)
             os.closerange(write + 1, self.max_fd)
@@ -672,9 +713,12 @@ class Confinement:
                     pass
             except ChildProcessError:  # nothing left: the waiter passes this exit code on
                 os._exit(code)
-            self.lib.prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # blocked: queued, even for an init
+            self.lib.prctl(PR_SET_PDEATHSIG, int(signal.SIGUSR1), 0, 0, 0)
             os.write(write, code.to_bytes(4, "little"))
             os.close(write)
+            signal.sigwait({signal.SIGUSR1})  # the waiter is gone: this process now belongs to solo, its subreaper
+            self.lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # and dies with solo, even by SIGKILL
             while True:
                 os.waitpid(-1, 0)
         finally:
@@ -730,7 +774,9 @@ def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool =
 # A change to these outlives the sandbox: git runs hooks and commands named in its config (core.hooksPath,
 # core.fsmonitor), solo and Claude Code start .mcp.json's servers, Claude Code runs its settings' hooks, all
 # unconfined and later. Guarded under the working directory and each --add-dir; .git/hooks as a whole tree.
-GUARDED = (".mcp.json", ".claude/settings.json", ".claude/settings.local.json", ".git/config", ".git/hooks")
+GUARDED = (".mcp.json", ".claude/settings.json", ".claude/settings.local.json", ".git/config", ".git/hooks",
+           ".git/commondir", ".git/config.worktree")  # and the same three of each repository under .git/modules
+GUARD_DEPTH = 16  # folders deeper than this under a guarded one are a change in themselves
 GUARDED_FOLDERS = (".git", ".claude")  # what holds them: only something other than a folder there is a change
 GUARD_FILE_LIMIT = 1 << 20  # bytes of one guarded file kept to put back (a larger one is only watched)
 FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a folder handle, never through a symlink
@@ -886,6 +932,9 @@ def look(fd: int, names: list[str], prefix: str, found: dict[str, tuple | None])
         found[rel] = entry(fd, names[0])
     if not found[rel] or found[rel][0] != "dir":
         return
+    if rel.count("/") > GUARD_DEPTH:
+        found[rel] = ("deep",)  # never what was kept: removed, and its parent put back
+        return
     try:
         sub = os.open(names[0], LISTING, dir_fd=fd)
     except OSError as error:
@@ -900,12 +949,29 @@ def look(fd: int, names: list[str], prefix: str, found: dict[str, tuple | None])
         os.close(sub)
 
 
+def modules(fd: int, prefix: str = ".git/modules", depth: int = 4) -> list[str]:
+    """The git folders of submodules under .git/modules (names may nest), as paths relative to the folder."""
+    try:
+        sub = os.open(prefix, LISTING, dir_fd=fd)
+    except OSError:
+        return []
+    try:
+        names = [n for n in os.listdir(sub) if n not in ("objects", "refs", "logs", "hooks", "info") and
+                 stat.S_ISDIR(os.stat(n, dir_fd=sub, follow_symlinks=False).st_mode)]
+    finally:
+        os.close(sub)
+    found = []
+    for name in sorted(names)[:100]:
+        found += [f"{prefix}/{name}"] + (modules(fd, f"{prefix}/{name}", depth - 1) if depth else [])
+    return found
+
+
 def scan(folder: Path) -> dict[str, tuple | None]:
     """The GUARDED names under a folder (and the folders holding them) as they are now, by relative path."""
     found: dict[str, tuple | None] = {}
     fd = open_folder(folder)
     try:
-        for rel in GUARDED:
+        for rel in (*GUARDED, *(f"{git}/{name}" for git in modules(fd) for name in ("config", "hooks", "commondir"))):
             look(fd, rel.split("/"), "", found)
     finally:
         os.close(fd)
@@ -916,17 +982,36 @@ def differs(rel: str, was: tuple | None, now: tuple | None) -> bool:
     """Whether a guarded name changed; for .git and .claude only something other than a folder there counts (or a
     worktree's .git file gone)."""
     if rel in GUARDED_FOLDERS and (now is None or now[0] == "dir"):
-        return was is not None and was[0] != "dir" and was != now
+        return was is not None and (was[0] != "dir" or now is not None and was[1] != now[1]) and was != now
     return was != now
 
 
 def remove_at(fd: int, name: str) -> None:
-    """Remove a name from a folder handle, a folder with all it holds, following no symlink."""
-    try:
-        os.unlink(name, dir_fd=fd)
-    except IsADirectoryError:
-        import shutil
-        shutil.rmtree(name, dir_fd=fd)
+    """Remove a name from a folder handle, a folder with all it holds, following no symlink, however deep: folders
+    inside are moved up beside it and removed in turn, so nothing walks more than one level down."""
+    pending = [name]
+    while pending:
+        name = pending.pop()
+        try:
+            os.unlink(name, dir_fd=fd)
+            continue
+        except IsADirectoryError:
+            pass
+        handle = os.open(name, FOLDER, dir_fd=fd)
+        with contextlib.suppress(OSError):
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)  # a folder made unreadable can still be emptied
+        os.close(handle)
+        sub = os.open(name, LISTING, dir_fd=fd)
+        try:
+            for inner in os.listdir(sub):
+                try:
+                    os.unlink(inner, dir_fd=sub)
+                except IsADirectoryError:
+                    pending.append(f".{inner[:32]}.removing-{os.urandom(6).hex()}")
+                    os.rename(inner, pending[-1], src_dir_fd=sub, dst_dir_fd=fd)
+        finally:
+            os.close(sub)
+        os.rmdir(name, dir_fd=fd)
 
 
 def make_at(fd: int, name: str, was: tuple) -> None:
@@ -939,11 +1024,11 @@ def make_at(fd: int, name: str, was: tuple) -> None:
     elif kind == "dir":
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o700, dir_fd=fd)
-        sub = os.open(name, LISTING, dir_fd=fd)
+        sub = os.open(name, FOLDER, dir_fd=fd)  # a handle needs no right to list it: a folder made 000 is mended too
         try:
             if os.geteuid() == 0:
-                os.fchown(sub, rest[1], rest[2])
-            os.fchmod(sub, rest[0])
+                os.chown(f"/proc/self/fd/{sub}", rest[1], rest[2])
+            os.chmod(f"/proc/self/fd/{sub}", rest[0])
         finally:
             os.close(sub)
     else:
@@ -982,8 +1067,8 @@ def restore(folder: Path, kept: dict[str, tuple | None]) -> list[tuple[str, str]
 
 
 def guarded(rel: str) -> bool:
-    """Whether a path relative to a guarded folder is one the file tools may not write."""
-    return rel in GUARDED or rel in GUARDED_FOLDERS or rel.startswith(".git/hooks/")
+    """Whether a path relative to a guarded folder is one the file tools may not write (anything in .git)."""
+    return rel in GUARDED or rel in GUARDED_FOLDERS or rel.startswith(".git/")
 
 
 def undone_note(undone: list[str]) -> str:
@@ -1393,7 +1478,7 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
 def is_secret(name: str, value: str) -> bool:
     """Whether a variable looks like it holds a secret, by its name or its value."""
     upper = name.upper()
-    return name not in NOT_SECRETS and (any(word in upper for word in SECRET_WORDS) or bool(SECRET_URL.match(value))
+    return name not in NOT_SECRETS and (any(word in upper for word in SECRET_WORDS) or bool(SECRET_URL.search(value))
                                         or not SECRET_PARTS.isdisjoint(re.split(r"[^A-Z]+", upper)))
 
 
@@ -3336,7 +3421,8 @@ def api_failure(status: int, error: Any, wait: float | None = None) -> ApiError:
     if is_overflow(code, message, error):
         return ContextOverflow(f"HTTP {code}: {message}", status=code)
     hint = STATUS_HINTS.get(code) or (
-        "the model may not support tool calls" if code == 404 and "endpoint" in message.lower() else "")
+        "the model may not support tool calls" if code == 404 and "endpoint" in message.lower() else
+        MODEL_HINT if "not a valid model" in message.lower() else "")
     retryable = code not in FINAL_STATUSES and (code in RETRY_STATUSES or code >= 500 or status == 200)
     return ApiError(f"HTTP {code}: {message}" + (f" ({hint})" if hint else ""), retryable=retryable, retry_after=wait,
                     status=code)
@@ -3500,9 +3586,16 @@ class ModelClient:
                     if time.monotonic() - started > REPLY_SECONDS:  # keep-alives alone can go on for ever
                         raise ApiError(f"the reply took longer than {REPLY_SECONDS / 60:g} minutes; it was abandoned")
                 return reply.result()
+        except ApiError as error:
+            if status == 404 and not self.cfg.base_url.rstrip("/").endswith("/api/v1"):  # most likely the wrong path
+                raise ApiError(f"{error} ({BASE_URL_HINT})", status=status) from None
+            raise
         except requests.RequestException as error:
             if "Connection refused" in str(error) and on_loopback(self.url):  # nothing to wait for
                 raise ApiError(f"could not reach {self.url}: connection refused (is the server running?)") from None
+            if NO_RESOLUTION.search(str(error)):  # no network, or a mistyped host: waiting will not help
+                raise ApiError(f"could not reach {self.url}: the name {host_of(self.url)} does not resolve (no "
+                               "network? check OPENROUTER_BASE_URL)") from None
             if isinstance(error, requests.Timeout) or "timed out" in str(error):
                 raise ApiError(f"no data from the API for {self.cfg.read_timeout:g} s", retryable=True) from None
             found = re.search(r"\[Errno -?\d+\][^'\")]*|Connection aborted|Remote end closed[^'\")]*|"
@@ -3515,6 +3608,26 @@ class ModelClient:
             self.emit({"type": "reply", "status": status, "seconds": round(ended - started, 3),
                        "first_byte_seconds": round((first or ended) - started, 3)})
 
+    def model_list(self) -> list[dict] | None:
+        """The API's model list (GET /models: id, context_length, top_provider, pricing); None out of reach."""
+        try:
+            response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
+                                        timeout=(self.cfg.connect_timeout, 30))
+            return [m for m in response.json()["data"] if isinstance(m, dict)]
+        except (requests.RequestException, ValueError, KeyError, TypeError):
+            return None
+
+    def check_model(self, model: str) -> None:
+        """UsageError, naming the closest names, for a model the API's list lacks; a notice when there is no list."""
+        if (models := self.model_list()) is None:
+            return self.emit({"type": "notice", "text": f"could not check {model} against the API's model list"})
+        names = [m["id"] for m in models if isinstance(m.get("id"), str)]
+        if model not in names:
+            import difflib  # only here: it costs start-up time
+            close = difflib.get_close_matches(model, names, n=3, cutoff=0.6)
+            raise UsageError(f"the API does not know the model {model}"
+                             + (f"; did you mean {', '.join(close)}?" if close else f" ({MODEL_HINT})"))
+
     def model_info(self, model: str) -> dict:
         """A model's entry of the API's model list (context_length, top_provider, pricing), kept a day under
         solo_home; {} when the list is out of reach or lacks the model. Asked at most once a run for a model."""
@@ -3525,12 +3638,9 @@ class ModelClient:
             if isinstance(entry.get("time"), (int, float)) and time.time() - entry["time"] < MODEL_LIST_SECONDS \
                     and isinstance(entry.get("info"), dict):
                 return self.info.setdefault(model, entry["info"])
-            try:
-                response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
-                                            timeout=(self.cfg.connect_timeout, 30))
-                entry = next((m for m in response.json()["data"] if m.get("id") == model), {})
-            except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError):
+            if (models := self.model_list()) is None:
                 return self.info.setdefault(model, {})
+            entry = next((m for m in models if m.get("id") == model), {})
             self.info[model] = {k: entry[k] for k in ("context_length", "top_provider", "pricing", "architecture")
                                 if k in entry}
             if path:
@@ -4301,15 +4411,21 @@ def positive(kind: type) -> Callable[[str], Any]:
     return convert
 
 
+def help_epilog() -> str:
+    """--help's closing text: the manual's examples, the session's commands, the environment and exit codes."""
+    examples, _, rest = (__doc__ or "").partition("Examples:")[2].partition("Environment:")
+    commands = "\n".join("    " + line for line in SESSION_HELP.splitlines())
+    return f"Examples:{examples}In a session:\n{commands}\n\nEnvironment:{rest}"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options, with `-p VALUE` taken whole even when the value starts with '-'."""
     at = next((i for i, arg in enumerate(argv[:-1]) if arg in ("-p", "--print")), -1)
     argv = list(argv) if at < 0 else [*argv[:at], f"--print={argv[at + 1]}", *argv[at + 2:]]
-    parser = Parser(prog="your_program.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = Parser(prog="solo", formatter_class=argparse.RawDescriptionHelpFormatter,
                     description="solo: a coding agent in one file. With -p it answers one prompt; with piped "
                                 "stdin the text is the prompt (or, with -p, its context); on a terminal it "
-                                "starts a session.",
-                    epilog="Environment:" + (__doc__ or "").partition("Environment:")[2])
+                                "starts a session.", epilog=help_epilog())
     add = parser.add_argument
     add("-p", "--print", dest="prompt", metavar="PROMPT", help="answer this prompt and exit")
     add("--model", metavar="NAME", help=f"model name (default $OPENROUTER_MODEL or {DEFAULT_MODEL})")
@@ -4553,6 +4669,9 @@ class Reporter:
             self.api_seconds += event["seconds"]
         elif kind == "assistant":
             self.turns, self.stop_reason = self.turns + 1, event["finish_reason"]
+            text = content_text(event["message"])
+            if self.interactive and not self.streamed and text and event["message"].get("tool_calls"):
+                self.show(text)  # a whole reply's text before its tool calls, where a streamed one has shown it
             self.answered, self.streamed = self.streamed, False
             self.end_line()
         elif kind == "notice":
@@ -4606,10 +4725,14 @@ class Reporter:
             self.write_json({"type": "stream_event", "event": event, "parent_tool_use_id": None,
                              "session_id": self.cfg.session_id, "uuid": new_uuid()})
         if self.interactive:
-            self.thinking(False)
-            self.streams.stdout.write(for_terminal(text, self.streams.stdout))
-            self.streams.stdout.flush()
-            self.live = self.streamed = True
+            self.show(text)
+
+    def show(self, text: str) -> None:
+        """The model's text on a session's stdout, its line left open for more."""
+        self.thinking(False)
+        self.streams.stdout.write(for_terminal(text, self.streams.stdout))
+        self.streams.stdout.flush()
+        self.live = self.streamed = True
 
     def write_json(self, obj: dict) -> None:
         """One JSON object as a line on stdout."""
@@ -4860,6 +4983,7 @@ class Session:
             self.reporter.say(agent.usage.line())
         elif word == "/model":
             if rest.strip():
+                agent.model.check_model(rest.strip())
                 agent.cfg = agent.cfg._replace(model=rest.strip())
                 messages.note({"type": "model", "model": agent.cfg.model})
             self.reporter.say(f"model: {agent.cfg.model}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import select
 import subprocess
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app import main as agent
-from tests.conftest import PROGRAM
+from tests.conftest import PROGRAM, ROOT
 from tests.fake_openrouter import call, last_result, reply, streamed, tool_then
 
 
@@ -215,6 +216,22 @@ def test_version_and_help(run, workspace):
     for option in ("--output-format", "--verbose", "--model", "--allowed-tools", "--disallowed-tools",
                    "--append-system-prompt", "--trace", "--max-turns", "--max-cost", "--yes", "Exit codes"):
         assert option in result.stdout
+
+
+SESSION_COMMANDS = ("/help", "/clear", "/model", "/cost", "/compact", "/sessions", "/resume", "/mcp", "/mode", "/exit")
+
+
+def test_help_names_solo_every_documented_variable_the_session_commands_and_examples(run, workspace):
+    result = run(["--help"], cwd=workspace, base_url="http://127.0.0.1:9")
+    assert result.code == 0 and result.stdout.startswith("usage: solo [")
+    readme = (ROOT / "README.md").read_text().partition("### Environment\n")[2].partition("\n#")[0]
+    first_cells = [line.split("|")[1] for line in readme.splitlines() if line.startswith("| `")]
+    variables = {name for cell in first_cells for name in re.findall(r"`([A-Z][A-Z0-9_]+)", cell)}
+    assert {"OPENROUTER_API_KEY", "SOLO_READ_TIMEOUT", "SOLO_NO_CACHE", "MCP_TOOL_TIMEOUT"} <= variables  # all forms
+    assert [name for name in sorted(variables) if name not in result.stdout] == []
+    assert [command for command in SESSION_COMMANDS if command not in result.stdout] == []
+    examples = result.stdout.partition("Examples:\n")[2].partition("\n\n")[0].splitlines()
+    assert len([line for line in examples if line.strip().startswith(("solo ", "git diff | solo "))]) >= 3
 
 
 def test_main_in_process_with_injected_streams(tmp_path, monkeypatch):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import email.utils
+import io
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -63,6 +65,9 @@ CASES = {
     "string code uses the status": ([(400, {"error": {"code": "invalid_model", "message": "no such model"}}, {})],
                                     "HTTP 400: no such model", 0),
     "non-JSON 400": ([(400, "<html>nope</html>", {})], "HTTP 400: the API sent a non-JSON reply: <html>nope</html>", 0),
+    "unknown model hints at the form": ([(400, error(400, "claude-sonnet-4.5 is not a valid model ID"), {})],
+                                        ("HTTP 400: claude-sonnet-4.5 is not a valid model ID (model names look like "
+                                         "anthropic/claude-sonnet-4.5; see https://openrouter.ai/models)"), 0),
 }
 
 
@@ -91,6 +96,49 @@ def test_failures(name):
     assert [e["attempt"] for e in logs] == list(range(2, retries + 2))
     if name.startswith("429"):
         assert waits == [3.0] and logs[0]["error"] == "HTTP 429: slow down" and logs[0]["error_status"] == 429
+
+
+@pytest.mark.parametrize("body", ["<html><body>Not Found</body></html>", error(404, "Not Found")])
+@responses.activate
+def test_a_404_from_a_base_url_not_ending_in_api_v1_says_to_check_it(body):
+    kwargs = {"json": body} if isinstance(body, dict) else {"body": body}
+    responses.add(responses.POST, "https://gateway.test/openrouter/chat/completions", status=404, **kwargs)
+    cfg = agent.Config(api_key="k", cwd=Path("."), base_url="https://gateway.test/openrouter")
+    with pytest.raises(agent.ApiError) as caught:
+        agent.ModelClient(cfg, emit=lambda e: None, sleep=pytest.fail)({"messages": []})
+    assert str(caught.value).startswith("HTTP 404: ") and len(responses.calls) == 1
+    assert str(caught.value).endswith("(check OPENROUTER_BASE_URL: OpenRouter's is https://openrouter.ai/api/v1, "
+                                      "ending in /api/v1)")
+
+
+@pytest.mark.parametrize("code, words", [(socket.EAI_AGAIN, "Temporary failure in name resolution"),
+                                         (socket.EAI_NONAME, "Name or service not known")])
+def test_no_network_fails_at_once_with_one_line(tmp_path, monkeypatch, code, words):
+    def unresolvable(*args, **kwargs):
+        raise socket.gaierror(code, words)
+    monkeypatch.setattr(socket, "getaddrinfo", unresolvable)  # as with no network at all: no name resolves
+    monkeypatch.chdir(tmp_path)
+    out, err, started = io.StringIO(), io.StringIO(), time.monotonic()
+    env = {"OPENROUTER_API_KEY": "k", "OPENROUTER_BASE_URL": "https://openrouter.invalid/api/v1", "HOME": str(tmp_path)}
+    assert agent.main(["-p", "hi"], env=env, streams=agent.Streams(None, out, err)) == 1
+    assert time.monotonic() - started < 3 and out.getvalue() == ""
+    assert err.getvalue() == ("solo: could not reach https://openrouter.invalid/api/v1/chat/completions: the name "
+                              "openrouter.invalid does not resolve (no network? check OPENROUTER_BASE_URL)\n")
+
+
+@responses.activate
+def test_check_model_takes_listed_names_refuses_others_and_says_when_it_cannot_check():
+    models = "https://openrouter.test/api/v1/models"
+    responses.add(responses.GET, models, json={"data": [{"id": "anthropic/claude-sonnet-4.5"}, {"id": "x/y"}]})
+    notices = []
+    model = agent.ModelClient(agent.Config(api_key="k", cwd=Path("."), base_url="https://openrouter.test/api/v1"),
+                              emit=notices.append)
+    model.check_model("anthropic/claude-sonnet-4.5")
+    with pytest.raises(agent.UsageError, match="did you mean anthropic/claude-sonnet-4.5"):
+        model.check_model("claude-sonnet-4.5")
+    responses.replace(responses.GET, models, status=404, json=error(404, "no list here"))
+    model.check_model("local-model")  # a server without a model list: the name is taken, with a note
+    assert notices == [{"type": "notice", "text": "could not check local-model against the API's model list"}]
 
 
 @responses.activate

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -91,8 +92,12 @@ def test_the_syscall_numbers_are_the_kernels():
     if not os.path.exists(header):
         pytest.skip(f"no kernel headers for {MACHINE} on this machine")
     defined = dict(re.findall(r"#define __NR_?(\w+)\s+(\d+)", Path(header).read_text()))
-    for name, numbers in agent.SYSCALLS.items():
-        assert int(defined[name]) == numbers[MACHINE == "aarch64"], name
+    ours = {name: numbers[MACHINE == "aarch64"] for name, numbers in agent.SYSCALLS.items()}
+    checked = [name for name, number in ours.items() if number and name in defined]  # headers may be older
+    assert len(checked) >= len(ours) - 3 and "fchmodat2" in ours
+    for name in checked:
+        assert int(defined[name]) == ours[name], name
+    assert not any(name in defined for name, number in ours.items() if number is None)
 
 
 # --- 2. Network off means no socket but socketpair ----------------------------------------------------
@@ -265,20 +270,50 @@ def test_background_setsid_and_nohup_children_end_when_the_agent_does(serve, run
     assert wait_until_gone(marker) == []
 
 
-def test_a_running_command_dies_with_a_killed_agent(serve, workspace, tmp_path):
-    marker = f"solo-orphan-{os.getpid()}"
-    server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": lingering(marker)}, id="c")]))
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_what_commands_left_running_ends_when_the_agent_is_stopped(serve, workspace, tmp_path, signum):
+    marker = f"solo-stopped-{os.getpid()}-{signum}"
+    steps = [[call("Bash", {"command": f"setsid {lingering(marker)} > /dev/null 2>&1 < /dev/null &"}, id="a")],
+             [call("Bash", {"command": lingering(marker + "-running")}, id="b")]]
+    server = serve(script(*steps))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
     env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="k", HOME=str(tmp_path))
     proc = subprocess.Popen([str(PROGRAM), "-p", "go"], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while len(pids_with(marker)) < 2:  # the leftover and the running command
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    assert proc.wait(15) == 128 + signum, proc.stderr.read()
+    assert wait_until_gone(marker) == []
+
+
+@pytest.mark.parametrize("flags", [[], ["--sandbox", "workspace-write"]])
+def test_a_running_command_and_a_confined_background_job_die_with_a_killed_agent(serve, workspace, tmp_path,
+                                                                                   private_tmp, flags):
+    """SIGKILL leaves solo no time: what it started itself dies with it, and so does a confined command's leftover
+    job (in the namespace, whose init dies with solo); an unconfined leftover is out of reach (the README says so)."""
+    marker = f"solo-orphan-{os.getpid()}-{len(flags)}"
+    steps = [[call("Bash", {"command": f"{lingering(marker + '-left')} > /dev/null 2>&1 &"}, id="a")],
+             [call("Bash", {"command": lingering(marker + "-running")}, id="b")]]
+    server = serve(script(*steps))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
+    env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="k", HOME=str(tmp_path), TMPDIR=str(private_tmp))
+    proc = subprocess.Popen([str(PROGRAM), "-p", "go", *flags], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
-    while not pids_with(marker):
+    while not (pids_with(marker + "-left") and pids_with(marker + "-running")):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     proc.kill()
     proc.wait()
-    assert wait_until_gone(marker) == []
+    try:
+        assert wait_until_gone(marker + "-running") == []
+        assert (wait_until_gone(marker + "-left") == []) is bool(flags)
+    finally:
+        for pid in pids_with(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve, terminal, workspace):

@@ -914,6 +914,53 @@ def test_a_confined_command_cannot_plant_hooks_config_or_servers(guarded, worksp
     assert agent.tool_bash(guarded, "echo fine > notes.txt") == "(no output)\n[exit code 0]"  # nothing to undo
 
 
+def test_a_commondir_or_a_submodule_cannot_move_git_config_or_hooks_out_of_reach(guarded, workspace):
+    """.git/commondir sends git to another folder's config and hooks; submodules have config and hooks of their own."""
+    (workspace / ".git" / "modules" / "lib").mkdir(parents=True)
+    (workspace / ".git" / "modules" / "lib" / "config").write_text("[core]\n")
+    guarded = guarded._replace(guard=agent.Guard((Path(real(workspace)),)))  # the submodule was there at the start
+    before = kept(workspace), (workspace / ".git" / "modules" / "lib" / "config").read_text()
+    result = agent.tool_bash(guarded, "echo ../evil > .git/commondir && echo x > .git/config.worktree && "
+                                      "printf '\\tfsmonitor = evil\\n' >> .git/modules/lib/config && "
+                                      "mkdir .git/modules/lib/hooks && echo evil > .git/modules/lib/hooks/post-checkout")
+    assert result.startswith("(no output)\n[exit code 0]\n[the sandbox undid changes"), result
+    for name in (".git/commondir (removed)", ".git/config.worktree (removed)", ".git/modules/lib/config (restored)",
+                 ".git/modules/lib/hooks (removed)"):
+        assert name in result
+    assert (kept(workspace), (workspace / ".git" / "modules" / "lib" / "config").read_text()) == before
+    assert not (workspace / ".git" / "commondir").exists()
+
+
+def test_a_tree_too_deep_to_walk_under_the_hooks_is_undone_and_the_run_goes_on(guarded, workspace):
+    before = kept(workspace)
+    result = agent.tool_bash(guarded, "cd .git/hooks && echo evil > pre-commit && "
+                                      "for i in $(seq 1200); do mkdir d && cd d || exit 1; done; echo deep")
+    assert result.startswith("deep\n[exit code 0]\n[the sandbox undid changes"), result
+    assert ".git/hooks/pre-commit (removed)" in result
+    assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
+    assert agent.tool_bash(guarded, "echo fine") == "fine\n[exit code 0]"
+    assert kept(workspace)[:4] == before[:4]
+
+
+def test_a_folder_made_unwritable_is_mended_before_what_it_holds_is_put_back(guarded, workspace):
+    before = kept(workspace)
+    result = agent.tool_bash(guarded, "printf '\\tfsmonitor = evil\\n' >> .git/config && chmod 555 .git && "
+                                      "chmod 000 .git/hooks")
+    assert ".git/config (restored)" in result and "could not" not in result, result
+    assert kept(workspace) == before
+
+
+@pytest.mark.parametrize("command, error", [
+    ("touch f && chmod u+s f", "Operation not permitted"),
+    ("touch f && chmod 2755 f", "Operation not permitted"),
+    ("touch f && python3 -c 'import os; os.setxattr(\"f\", \"user.x\", b\"1\")'", "Operation not supported"),
+])
+def test_no_set_id_bit_and_no_extended_attribute_is_set(confined, workspace, command, error):
+    result = agent.tool_bash(confined, command)
+    assert error in result, result
+    assert not (workspace / "f").stat().st_mode & 0o6000
+
+
 @pytest.mark.parametrize("command", [
     "mv .git/hooks .git/hooks.old && ln -s {outside} .git/hooks",  # the hooks folder becomes a symlink out
     "rm .mcp.json && ln -s {outside}/precious.txt .mcp.json",  # putting .mcp.json back must not write through it

@@ -252,6 +252,33 @@ def test_model_without_a_name_shows_it_and_no_thinking_note_on_a_dumb_terminal(s
     assert term.wait() == 0
 
 
+def test_model_name_is_checked_against_the_model_list_before_it_is_taken(serve, terminal):
+    listed = [{"id": "anthropic/claude-haiku-4.5"}, {"id": "anthropic/claude-sonnet-4.5"}, {"id": "openai/gpt-5"}]
+    server = serve(lambda body: reply(f"{body['model']} here"), models=listed)
+    term = terminal(server)
+    term.ask("/model claude-sonnet-4.5", "does not know the model claude-sonnet-4.5; did you mean "
+                                         "anthropic/claude-sonnet-4.5")
+    term.ask("/model xyzzy", r"does not know the model xyzzy \(model names look like anthropic/claude-sonnet-4\.5")
+    term.ask("hello", "anthropic/claude-haiku-4.5 here")  # a refused name changes nothing
+    term.ask("/model anthropic/claude-sonnet-4.5", "model: anthropic/claude-sonnet-4.5")
+    term.send("/exit\r")
+    assert term.wait() == 0
+
+
+@pytest.mark.parametrize("flags", [(), ("--no-stream",)], ids=["streamed", "whole"])
+def test_the_text_that_comes_with_a_tool_call_shows_before_the_call_streamed_or_not(serve, terminal, flags):
+    def model(body):
+        if body["messages"][-1]["role"] == "user":
+            return reply("Let me look first.", tool_calls=[call("Glob", {"pattern": "*.md"})])
+        return reply("All done.")
+    term = terminal(serve(model), *flags)
+    term.send("find the docs\r")
+    assert "Let me look first.\r\n" in term.expect(r"Glob\(")
+    term.expect("All done.")
+    term.send("/exit\r")
+    assert term.wait() == 0
+
+
 def test_ctrl_c_while_a_finished_answer_prints_keeps_the_turn(serve, workspace):
     """In process: the answer's printing is interrupted; the turn it ends must stay in the conversation."""
     import io
