@@ -133,6 +133,16 @@ WEB_TIMEOUTS, WEB_SECONDS = (10.0, 30.0), 60.0  # WebFetch: connect, longest sil
 WEB_BYTES, WEB_TEXT_LIMIT = 5 << 20, 100_000  # bytes of a page read; characters of its text the model reads
 
 
+class Layer(NamedTuple):
+    """One settings file as read and checked (see Settings)."""
+
+    scope: str  # user | project | local | flag (--settings)
+    path: str  # the file, or "--settings" for JSON given on the command line
+    data: dict
+    base: Path  # the folder its /path rules are relative to
+    warnings: tuple[str, ...] = ()
+
+
 class Config(NamedTuple):
     """Everything the run needs, built once in main from argv and the environment (immutable)."""
 
@@ -173,6 +183,8 @@ class Config(NamedTuple):
     stream: bool = True  # ask for server-sent events: text shows as it comes, and no reply has a time limit
     partial_messages: bool = False  # stream-json: also a stream_event line per text delta
     session_id: str = ""  # sent as the x-session-id header: OpenRouter keeps the provider (and its cache)
+    settings: tuple[Layer, ...] = ()  # Claude Code's settings files, lowest precedence first
+    given: frozenset[str] = frozenset()  # fields a flag or the environment set: settings files do not change them
 
 
 # --- Errors ---------------------------------------------------------------------------------------
@@ -201,6 +213,10 @@ class ApiError(AgentError):
 
 class ContextOverflow(ApiError):
     """The API refused the request because the conversation is too long."""
+
+
+class PromptBlocked(AgentError):
+    """A UserPromptSubmit hook blocked the prompt: it was not sent."""
 
 
 class ToolError(Exception):
@@ -1155,7 +1171,7 @@ class ToolContext(NamedTuple):
     cwd: Path
     env: dict[str, str]
     skills: dict[str, Skill] = {}  # never mutated
-    confirm: Callable[[str, dict], str] | None = None  # before a change: why it may not run ("": it may)
+    confirm: Callable[..., str] | None = None  # (tool, args[, a hook's decision]): why it may not run ("": it may)
     fork: Callable[[str], str] | None = None  # runs a skill body as a sub-agent, returns its answer
     leftovers: Leftovers | None = None  # takes pipes that background processes hold; None: close them
     reads: dict | None = None  # the conversation's earlier full Reads: (path, offset, limit) -> file stamp
@@ -2713,7 +2729,7 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
     try:
         kwargs = check_arguments(tool, args)
         if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, kwargs)):  # shown as they will run
-            return Denied(f"{DENIED_PREFIX}{why}")
+            return denial(why)
         result = tool.run(ctx, **kwargs)
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
@@ -2728,6 +2744,11 @@ DENIED_PREFIX = "Error: permission denied: "  # a call the permission mode or th
 
 class Denied(str):
     """The result of a call that was not allowed to run (not merely text that says so)."""
+
+
+def denial(why: str) -> Denied:
+    """The result of a call that may not run: `by <rule> (<file>)` reads on from "permission denied"."""
+    return Denied(f"{DENIED_PREFIX[:-2]} {why}" if why.startswith("by ") else f"{DENIED_PREFIX}{why}")
 
 
 SEARCHES = ("Grep", "Glob")  # CPU-bound Python: run at once, they need processes, not threads
@@ -3068,6 +3089,743 @@ def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], e
     return servers
 
 
+# --- Settings -------------------------------------------------------------------------------------
+# Claude Code's settings files, read once at start, lowest precedence first: ~/.claude/settings.json (user),
+# .claude/settings.json (project) and .claude/settings.local.json (local) at the repository root and then in the
+# working directory, and --settings. Rule lists add up; any other key: the last file that has it wins. A key of the
+# wrong type is one warning naming the file and the key, and is left out; unknown keys are Claude Code's business.
+# A project's files come with the repository: until the user trusts them (Project trust) only their deny and ask
+# rules apply; what loosens or runs code (allow rules, hooks, env, defaultMode, additionalDirectories, model) waits.
+
+
+SETTING_SOURCES = ("user", "project", "local")
+SETTING_TYPES = {"permissions": dict, "env": dict, "model": str, "cleanupPeriodDays": (int, float), "hooks": dict,
+                 "enableAllProjectMcpServers": bool, "enabledMcpjsonServers": list, "disabledMcpjsonServers": list}
+PERMISSION_TYPES = {"allow": list, "ask": list, "deny": list, "defaultMode": str, "additionalDirectories": list}
+LOOSENING = ("allow", "hooks", "env", "defaultMode", "additionalDirectories", "model")  # wait for trust in a project
+
+
+def project_root(cwd: Path) -> Path:
+    """The repository's top folder (the nearest with .git), or the working directory outside one."""
+    return next((p for p in (cwd, *cwd.parents) if (p / ".git").exists()), cwd)
+
+
+def setting_files(sources: tuple[str, ...], home: Path | None, cwd: Path) -> list[tuple[str, Path, Path]]:
+    """(scope, file, the folder its /path rules are relative to) of each settings file to read, lowest first."""
+    folders = list(dict.fromkeys((project_root(cwd), cwd)))
+    files = [("user", home / ".claude" / "settings.json", home)] if home and "user" in sources else []
+    for scope, name in (("project", "settings.json"), ("local", "settings.local.json")):
+        files += [(scope, folder / ".claude" / name, folder) for folder in folders if scope in sources]
+    return files
+
+
+def checked(data: dict, where: str) -> tuple[dict, list[str]]:
+    """A settings object with every key of the wrong type left out, and a warning for each."""
+    clean, warnings = {}, []
+    for key, value in data.items():
+        kinds = SETTING_TYPES.get(key)
+        if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and kinds is not bool)):
+            warnings.append(f"{where}: {key} is not {kind_name(kinds)}; it was ignored")
+            continue
+        if isinstance(value, list):
+            value = strings(value, f"{where}: {key}", warnings)
+        if key == "permissions":
+            value = dict(value)
+            for name, kind in PERMISSION_TYPES.items():
+                if name in value and not isinstance(value[name], kind):
+                    warnings.append(f"{where}: permissions.{name} is not {kind_name(kind)}; it was ignored")
+                    del value[name]
+                elif isinstance(value.get(name), list):
+                    value[name] = strings(value[name], f"{where}: permissions.{name}", warnings)
+        if key == "env":
+            if bad := [k for k, v in value.items() if not isinstance(v, (str, int, float)) or isinstance(v, bool)]:
+                warnings.append(f"{where}: env.{bad[0]} is not a string; {', '.join(bad)} ignored")
+            value = {k: str(v) for k, v in value.items() if k not in bad}
+        clean[key] = value
+    return clean, warnings
+
+
+def kind_name(kinds: Any) -> str:
+    """A JSON type's name for a warning."""
+    kind = kinds[0] if isinstance(kinds, tuple) else kinds
+    return {dict: "an object", list: "a list", str: "a string", bool: "true or false", int: "a number"}[kind]
+
+
+def strings(values: list, where: str, warnings: list[str]) -> list[str]:
+    """The strings of a list; one warning when it holds anything else."""
+    if not all(isinstance(v, str) for v in values):
+        warnings.append(f"{where} holds something other than strings; that was ignored")
+    return [v for v in values if isinstance(v, str)]
+
+
+def read_settings(sources: tuple[str, ...], home: Path | None, cwd: Path, flag: str | None = None) -> tuple[Layer, ...]:
+    """The settings files that exist, each checked (a file that is not a JSON object is one warning and left
+    out), then --settings (a file, or JSON text); UsageError when --settings names no file."""
+    layers = []
+    for scope, path, base in setting_files(sources, home, cwd):
+        try:
+            layers.append(parsed_layer(scope, str(path), read_small(path), base))
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # no file: the usual case, one failed open
+        except OSError as error:
+            layers.append(Layer(scope, str(path), {}, base, (f"{path} was not read: {error.strerror or error}",)))
+    if flag is not None:
+        if flag.lstrip().startswith("{"):
+            layers.append(parsed_layer("flag", "--settings", flag, cwd))
+        else:
+            try:
+                layers.append(parsed_layer("flag", flag, read_small(Path(flag)), cwd))
+            except OSError as error:
+                raise UsageError(f"--settings {flag}: {error.strerror or error}") from None
+    return tuple(layers)
+
+
+def parsed_layer(scope: str, where: str, text: str, base: Path) -> Layer:
+    """One settings file's text as a Layer; invalid JSON is a warning and an empty layer."""
+    try:
+        data = json.loads(text.removeprefix("\ufeff"))  # an editor's byte-order mark is no error
+    except (ValueError, RecursionError) as error:  # nested past Python's limit: not settings anyone wrote
+        return Layer(scope, where, {}, base, (f"{where} is not valid JSON ({error}); it was ignored",))
+    if not isinstance(data, dict):
+        return Layer(scope, where, {}, base, (f"{where} is not a JSON object; it was ignored",))
+    data, warnings = checked(data, where)
+    return Layer(scope, where, data, base, tuple(warnings))
+
+
+def from_project(layer: Layer) -> bool:
+    """True for a file the repository brings (.claude/settings.json, .claude/settings.local.json)."""
+    return layer.scope in ("project", "local")
+
+
+def in_force(layers: tuple[Layer, ...], trusted: bool) -> list[Layer]:
+    """The layers with what an untrusted project may not loosen taken out of its files."""
+    kept = []
+    for layer in layers:
+        if from_project(layer) and not trusted:
+            data = {k: v for k, v in layer.data.items() if k not in LOOSENING}
+            permissions = {k: v for k, v in layer.data.get("permissions", {}).items() if k not in LOOSENING}
+            layer = layer._replace(data={**data, "permissions": permissions})
+        kept.append(layer)
+    return kept
+
+
+def settings_subject(layers: tuple[Layer, ...]) -> dict:
+    """What the project's files ask for that needs the user's trust, by file; {} when nothing does."""
+    subject = {}
+    for layer in filter(from_project, layers):
+        wanted = {k: layer.data[k] for k in LOOSENING if k in layer.data}
+        wanted.update({k: v for k, v in layer.data.get("permissions", {}).items() if k in LOOSENING and v})
+        if wanted := {k: v for k, v in wanted.items() if v not in ({}, [], "")}:
+            subject[layer.path] = wanted
+    return subject
+
+
+def setting(layers: list[Layer], key: str, default: Any = None) -> Any:
+    """A scalar key as the highest file that has it says (permissions.x for a key with a dot)."""
+    value = default
+    for layer in layers:
+        section, _, name = key.rpartition(".")
+        found = layer.data.get(section, {}) if section else layer.data
+        value = found.get(name, value)
+    return value
+
+
+def apply_settings(cfg: Config, trusted: bool) -> Config:
+    """The Config with what the settings files say: model, defaultMode and cleanupPeriodDays unless a flag or the
+    environment chose, additionalDirectories (folders a workspace-write sandbox may write in)."""
+    layers = in_force(cfg.settings, trusted)
+    if not layers:
+        return cfg
+    model = cfg.model if "model" in cfg.given else setting(layers, "model", cfg.model) or cfg.model
+    mode = setting(layers, "permissions.defaultMode", cfg.permission_mode)
+    mode = cfg.permission_mode if "permission_mode" in cfg.given or mode not in PERMISSION_MODES else mode
+    days = cfg.session_days if "session_days" in cfg.given else setting(layers, "cleanupPeriodDays", cfg.session_days)
+    extra = [Path(os.path.abspath(os.path.expanduser(d))) for layer in layers
+             for d in layer.data.get("permissions", {}).get("additionalDirectories", [])]
+    extra = [d for d in extra if d.is_dir()] if cfg.sandbox == "workspace-write" else []
+    return cfg._replace(model=model, permission_mode=mode, session_days=days if days > 0 else cfg.session_days,
+                        add_dirs=tuple(dict.fromkeys((*cfg.add_dirs, *extra))))
+
+
+def settings_env(cfg: Config, trusted: bool) -> dict[str, str]:
+    """The settings files' `env`: variables for commands, hooks and MCP servers (never the API key)."""
+    env: dict[str, str] = {}
+    for layer in in_force(cfg.settings, trusted):
+        env.update(layer.data.get("env", {}))
+    env.pop("OPENROUTER_API_KEY", None)
+    return env
+
+
+def setting_warnings(cfg: Config) -> list[str]:
+    """What was wrong in the settings files, and with --verbose which files were read."""
+    warnings = [w for layer in cfg.settings for w in layer.warnings]
+    if cfg.verbose and cfg.settings:
+        warnings.append(f"settings: {', '.join(layer.path for layer in cfg.settings)}")
+    return warnings
+
+
+# --- Permission rules -----------------------------------------------------------------------------
+# Claude Code's rules: `Tool` or `Tool(specifier)`, in allow, ask and deny lists. Deny is looked at first, then
+# ask, then allow; the first match decides, in every permission mode. A Bash command is split into its parts
+# (&&, ||, ;, |, &, newlines, $(...), backticks, <(...)): a deny or ask rule matching any part holds for the whole,
+# and an allow rule lets it run only when every part is allowed.
+
+
+RULE_KINDS = ("deny", "ask", "allow")  # the order they are looked at
+RULE_TOOLS = ("Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Bash", "Glob", "Grep", "Skill", "WebFetch",
+              "WebSearch", "Task", "Agent", "TodoWrite", "NotebookRead", "LS")  # names Claude Code's rules use
+EDITORS = ("Edit", "Write", "MultiEdit", "NotebookEdit")  # governed by Edit rules
+READERS = ("Read", "Glob", "Grep", "NotebookRead", "LS")  # governed by Read rules
+RULE_PATTERN = r"([A-Za-z][\w-]*(?:__\*)?)(?:\((.*)\))?"  # compiled on first use (re keeps it): start-up pays nothing
+SEPARATORS = ("&&", "||", ";;", "|&", ";", "|", "&", "\n")
+PLAIN_RUN = r"[^\\'\"$<>`&|;\n]*"  # characters that neither quote, substitute nor separate
+WRAPPERS = {"sudo", "command", "builtin", "exec", "nohup", "time", "nice", "env", "then", "do", "else", "if",
+            "elif", "while", "until", "!", "{", "(", "xargs", "timeout"}  # what may stand before a denied command
+SUBCOMMANDS = {"git", "npm", "pnpm", "yarn", "bun", "cargo", "go", "docker", "kubectl", "pip", "pip3", "uv", "poetry",
+               "gh", "dotnet", "brew", "apt", "apt-get", "systemctl", "terraform", "helm", "mvn", "gradle", "deno"}
+SHELLS = {"bash", "sh", "zsh", "dash", "fish"}
+NO_PREFIX = {"bash", "sh", "zsh", "dash", "fish", "eval", "python", "python3", "node", "perl", "ruby", "php", "ssh",
+             "find", "awk", "sed"} | WRAPPERS  # a prefix of these would allow anything: the exact command instead
+
+
+class Rule(NamedTuple):
+    """One permission rule as written, and where it came from."""
+
+    text: str  # e.g. Bash(git diff:*)
+    tool: str
+    spec: str | None  # what is inside the parentheses; None: every call of the tool
+    origin: str  # the settings file, --settings, or "this session"
+    base: Path  # the folder a /path rule is relative to
+
+
+def parse_rule(text: str, origin: str, base: Path) -> Rule | str:
+    """A rule, or a warning saying why it is not one."""
+    found = re.fullmatch(RULE_PATTERN, text.strip(), re.DOTALL)
+    if not found:
+        return f"{origin}: {text!r} is not a rule (Tool or Tool(specifier)); it was ignored"
+    tool, spec = found.group(1), found.group(2)
+    if tool not in RULE_TOOLS and not tool.startswith("mcp__"):
+        return f"{origin}: {text!r} names no tool; it was ignored"
+    if spec is not None and not spec.strip():
+        return f"{origin}: {text!r} has an empty specifier; it was ignored"
+    return Rule(text.strip(), tool, None if spec in (None, "*") else spec.strip(), origin, base)
+
+
+def load_rules(layers: list[Layer]) -> tuple[dict[str, list[Rule]], list[str]]:
+    """The rules of each kind in the layers given, and a warning for each malformed one."""
+    rules: dict[str, list[Rule]] = {kind: [] for kind in RULE_KINDS}
+    warnings = []
+    for layer in layers:
+        for kind in RULE_KINDS:
+            for text in layer.data.get("permissions", {}).get(kind, []):
+                rule = parse_rule(text, layer.path, layer.base)
+                if isinstance(rule, str):
+                    warnings.append(rule)
+                else:
+                    rules[kind].append(rule)
+    return rules, warnings
+
+
+def closing(command: str, i: int, opener: str) -> int:
+    """Where a $( ... ) or ` ... ` that opens at i ends (the end of the text when it never does)."""
+    if opener == "`":
+        while (i := command.find("`", i + 1)) > 0 and command[i - 1] == "\\":
+            pass
+        return i if i > 0 else len(command)
+    depth, quote, i = 0, "", i + len(opener) - 1
+    while i < len(command):
+        ch = command[i]
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return len(command)
+
+
+def command_parts(command: str, depth: int = 0) -> list[str]:
+    """The simple commands a shell command line runs: split at &&, ||, ;, |, &, newlines outside quotes, and the
+    commands of each $(...), `...`, <(...) and >(...) as parts of their own; ValueError past 20 levels of them."""
+    if depth > 20:
+        raise ValueError("commands nested too deep to check")
+    parts, inner, current, quote, i = [], [], [], "", 0
+    while i < len(command):
+        if (plain := re.compile(PLAIN_RUN).match(command, i).end()) > i:  # nothing special: copied at once
+            current.append(command[i:plain])
+            i = plain
+            continue
+        ch = command[i]
+        if quote == "'":
+            quote = "" if ch == "'" else quote
+        elif ch == "\\":
+            current.append(command[i: i + 2])
+            i += 2
+            continue
+        elif opener := next((o for o in ("$(", "<(", ">(", "`") if command.startswith(o, i)), None):
+            end = closing(command, i, opener)
+            inner.append(command[i + len(opener): end])
+            current.append(command[i: end + 1])
+            i = end + 1
+            continue
+        elif ch in "'\"":
+            quote = "" if quote == ch else quote or ch
+        elif not quote and (sep := next((s for s in SEPARATORS if command.startswith(s, i)), None)) \
+                and not (sep == "&" and (command[i - 1: i] in "<>" and i or command[i + 1: i + 2] == ">")):
+            parts.append("".join(current))
+            current, i = [], i + len(sep)
+            continue
+        current.append(ch)
+        i += 1
+    parts.append("".join(current))
+    found = [" ".join(p.strip().strip("(){} ").split()) for p in parts]
+    return [p for p in found if p] + [q for text in inner for q in command_parts(text, depth + 1)]
+
+
+def unwrapped(part: str, depth: int = 0) -> list[str]:
+    """A part as written and as it really runs, for deny and ask rules: without variables set before it, words
+    like sudo, nohup or then, quotes in or the folder of its program ('rm', /bin/rm), and what eval or sh -c run."""
+    words, forms = part.split(" "), [part]
+    name = lambda word: re.sub(r"['\"\\]", "", word).rsplit("/", 1)[-1]
+    while words and (name(words[0]) in WRAPPERS or re.fullmatch(r"[A-Za-z_]\w*=\S*", words[0]) or words[0][:1] == "-"):
+        words = words[1:]
+        forms.append(" ".join(words))
+    if words and name(words[0]) != words[0]:
+        forms.append(" ".join([name(words[0]), *words[1:]]))
+    if words and depth < 3 and (name(words[0]) == "eval" or (name(words[0]) in SHELLS and words[1:2] == ["-c"])):
+        import shlex  # only for a command that runs another
+        with contextlib.suppress(ValueError):
+            args = shlex.split(" ".join(words[1:]))
+            inner = " ".join(args) if name(words[0]) == "eval" else args[1] if len(args) > 1 else ""
+            forms += [form for piece in command_parts(inner) for form in unwrapped(piece, depth + 1)]
+    return forms
+
+
+def bash_matches(spec: str, part: str) -> bool:
+    """Whether a Bash specifier matches one simple command: exact, `prefix:*` (at a word boundary), or `*`
+    wildcards matching any characters (a lone trailing ` *` also matches the bare command)."""
+    spec = " ".join(spec.split())
+    if spec.endswith(":*"):
+        prefix = spec[:-2].rstrip()
+        return part == prefix or part.startswith(prefix + " ")
+    if "*" in spec:
+        return (spec.endswith(" *") and spec.count("*") == 1 and part == spec[:-2]) or wildcard(spec, part)
+    return part == spec
+
+
+def wildcard(pattern: str, text: str) -> bool:
+    """Whether text matches a pattern whose `*` is any run of characters: the pieces between the stars found in
+    order, leftmost first; linear however many stars a hostile rule holds (a regex of many `.*` is not)."""
+    pieces = pattern.split("*")
+    first, last = pieces[0], pieces[-1]
+    if len(text) < len(first) + len(last) or not text.startswith(first) or not text.endswith(last):
+        return False
+    at, end = len(first), len(text) - len(last)
+    for piece in pieces[1:-1]:
+        if (found := text.find(piece, at, end)) < 0:
+            return False
+        at = found + len(piece)
+    return True
+
+
+def path_matches(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
+    """Whether a Read or Edit rule's gitignore-style path matches an absolute path: //abs, ~/in-home,
+    /relative-to-the-settings-file's-folder, and relative (or ./relative) to the working directory; a pattern
+    with no / inside matches at any depth, and a folder matches everything beneath it."""
+    spec = rule.spec or ""
+    if spec.startswith("//"):
+        root, pattern = "/", spec[2:]
+    elif spec.startswith("~/"):
+        if home is None:
+            return False
+        root, pattern = str(home), spec[2:]
+    elif spec.startswith("/"):
+        root, pattern = str(rule.base), spec[1:]
+    else:
+        root, pattern = str(cwd), spec.removeprefix("./")
+        pattern = pattern if "/" in pattern.rstrip("/") or spec.startswith("./") else "**/" + pattern
+    pattern = pattern.rstrip("/") or "**"
+    rel = os.path.relpath(path, root)
+    if rel.startswith("../") or rel == "..":
+        return False
+    regex = re.compile(glob_regex(pattern) + r"\Z", re.DOTALL)
+    pieces = rel.split("/")
+    return any(regex.match("/".join(pieces[:n])) for n in range(1, len(pieces) + 1)) or rel == "." and pattern == "**"
+
+
+def call_paths(tool: str, args: dict, cwd: Path) -> list[str]:
+    """The file or folder a call touches, as written (made absolute) and with links resolved."""
+    written = args.get("path") or "." if tool in ("Glob", "Grep") else \
+        args.get("file_path") or args.get("notebook_path")  # NotebookEdit's
+    if not isinstance(written, str):
+        return []
+    path = os.path.normpath(os.path.join(cwd, os.path.expanduser(written)))
+    return list(dict.fromkeys((path, os.path.realpath(path))))
+
+
+def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None, loose: bool) -> bool:
+    """Whether a rule covers a call other than Bash's; `loose` (deny and ask): any form of its path matching is
+    enough; otherwise (allow) the path its links lead to must match."""
+    if rule.tool.startswith("mcp__"):
+        return tool == rule.tool or (tool.startswith(rule.tool + "__") and rule.tool.count("__") == 1) or \
+            (rule.tool.endswith("__*") and tool.startswith(rule.tool[:-1]))
+    if not (rule.tool == tool or (rule.tool, tool in EDITORS) == ("Edit", True)
+            or (rule.tool, tool in READERS) == ("Read", True)):
+        return False
+    if rule.spec is None:
+        return True
+    if rule.tool in ("Read", "Edit"):
+        paths = call_paths(tool, args, cwd)
+        if loose:
+            return any(path_matches(rule, path, cwd, home) for path in paths)
+        return bool(paths) and path_matches(rule, paths[-1], cwd, home)  # where links lead
+    if rule.tool == "WebFetch" and rule.spec.startswith("domain:"):
+        return host_of(str(args.get("url", ""))) == rule.spec[7:]
+    return rule.spec == str(args.get("name") or args.get("command") or "")
+
+
+def bash_allowed(rules: list[Rule], parts: list[str]) -> Rule | None:
+    """The allow rule that lets a Bash command run when every part of it is allowed by some rule."""
+    first = None
+    for part in parts:
+        rule = next((r for r in rules if r.tool == "Bash" and (r.spec is None or bash_matches(r.spec, part))), None)
+        if rule is None:
+            return None
+        first = first or rule
+    return first
+
+
+def decide(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path,
+           home: Path | None) -> tuple[str, Rule | None]:
+    """What the rules say about a call: ("deny" | "ask" | "allow", the rule), or ("", None) when none matches; a
+    command too deeply nested to check is denied where any Bash rule would look at it."""
+    try:
+        return decided(rules, tool, args, cwd, home)
+    except ValueError as error:
+        if not any(r.tool == "Bash" for kind in rules.values() for r in kind):
+            return "", None
+        return "deny", Rule(f"its shape ({error})", "Bash", None, "solo", cwd)
+
+
+def decided(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path,
+            home: Path | None) -> tuple[str, Rule | None]:
+    """decide's work: deny, then ask, then allow."""
+    if tool == "Bash":
+        parts = command_parts(str(args.get("command", "")))
+        forms = [form for part in parts for form in unwrapped(part)]
+        for kind in ("deny", "ask"):
+            if rule := next((r for r in rules.get(kind, []) if r.tool == "Bash" and (
+                    r.spec is None or any(bash_matches(r.spec, form) for form in forms))), None):
+                return kind, rule
+        rule = bash_allowed(rules.get("allow", []), parts)
+        return ("allow", rule) if rule else ("", None)
+    for kind in ("deny", "ask"):
+        if rule := next((r for r in rules.get(kind, []) if rule_matches(r, tool, args, cwd, home, True)), None):
+            return kind, rule
+    if rule := next((r for r in rules.get("allow", []) if rule_matches(r, tool, args, cwd, home, False)), None):
+        return "allow", rule
+    return "", None
+
+
+def bash_prefix(part: str) -> str | None:
+    """The prefix Claude Code would propose for a command (git diff, npm run test, ls); None when a prefix would
+    allow too much (an interpreter, a wrapper, variables, substitutions)."""
+    words = part.split(" ")
+    if not words[0] or words[0] in NO_PREFIX or "=" in words[0] or re.search(r"[$`<>*?'\"\\]", words[0]):
+        return None
+    take = 1
+    plain = [bool(re.fullmatch(r"[\w.:@+-]+", w)) and not w.startswith("-") for w in words]
+    if words[0] in SUBCOMMANDS and len(words) > 1 and plain[1]:
+        take = 3 if words[1] in ("run", "exec") and len(words) > 2 and plain[2] else 2
+    return " ".join(words[:take])
+
+
+def proposed_rules(rules: dict[str, list[Rule]], tool: str, args: dict) -> tuple[str, ...]:
+    """The rules an `always` answer adds: for Bash each part's prefix (`git diff:*`; the exact part where a prefix
+    would allow too much) not yet allowed, for file changes every edit (Edit covers Write), else the tool."""
+    if tool == "Bash":
+        proposed = []
+        for part in command_parts(str(args.get("command", ""))):
+            if not bash_allowed(rules.get("allow", []), [part]):
+                prefix = bash_prefix(part)
+                proposed.append(f"Bash({prefix}:*)" if prefix else f"Bash({part})")
+        return tuple(dict.fromkeys(proposed))
+    if tool == "WebFetch":
+        return (f"WebFetch(domain:{host_of(str(args.get('url', '')))})",)
+    return ("Edit",) if tool in EDITORS else (tool,)
+
+
+def save_rules(cwd: Path, texts: tuple[str, ...]) -> Path:
+    """Add allow rules to .claude/settings.local.json at the repository root (created 0600, and kept out of git
+    by .git/info/exclude); OSError or ValueError when the file cannot be read or written."""
+    root = project_root(cwd)
+    path = root / ".claude" / "settings.local.json"
+    if path.parent.is_symlink() or path.is_symlink():  # planted by a repository, it could lead anywhere
+        raise ValueError(f"{path} or its folder is a symbolic link")
+    data = json.loads(read_small(path)) if path.exists() else {}
+    if not isinstance(data, dict) or not isinstance(data.setdefault("permissions", {}), dict) \
+            or not isinstance(data["permissions"].setdefault("allow", []), list):
+        raise ValueError(f"{path} does not hold a permissions.allow list")
+    data["permissions"]["allow"] += [t for t in texts if t not in data["permissions"]["allow"]]
+    path.parent.mkdir(exist_ok=True)
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o600
+    tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    exclude = root / ".git" / "info" / "exclude"
+    if (root / ".git").is_dir() and not (root / ".git" / "info").is_symlink():
+        exclude.parent.mkdir(exist_ok=True)
+        text = read_small(exclude) if exclude.exists() else ""
+        if ".claude/settings.local.json" not in text.splitlines():
+            with open(os.open(exclude, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a") as f:
+                f.write(("\n" if text and not text.endswith("\n") else "") + ".claude/settings.local.json\n")
+    return path
+
+
+# --- Hooks ----------------------------------------------------------------------------------------
+# Claude Code's command hooks: {"hooks": {"<Event>": [{"matcher": "...", "hooks": [{"type": "command", "command":
+# "...", "timeout": 60}]}]}}. Each runs through the shell in the working directory, the event as JSON on stdin;
+# exit 0 is success (JSON on stdout may decide), 2 blocks (stderr says why), anything else is a warning and the work
+# goes on. A hook is one function from the event's input to a HookResult, so another kind (a callback of a program
+# driving solo) can stand in for a command.
+
+
+HOOK_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure", "UserPromptSubmit", "Stop", "SubagentStop",
+               "SessionStart", "SessionEnd", "PreCompact", "Notification")
+TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure")
+HOOK_TIMEOUT = 60.0  # seconds, when a hook says none
+HOOK_OUTPUT = RESULT_LIMIT // 2  # characters kept of each of a hook's stdout and stderr
+
+
+class HookResult(NamedTuple):
+    """What a hook answered, parsed."""
+
+    code: int = 0  # exit code: 0 success, 2 block, other: a failure that blocks nothing
+    block: str = ""  # why the event is blocked (exit 2's stderr, decision "block"'s reason)
+    decision: str = ""  # PreToolUse: allow | deny | ask
+    reason: str = ""  # permissionDecisionReason
+    updated_input: dict | None = None  # PreToolUse: the tool's input as it should run
+    context: str = ""  # for the model: additionalContext, or what UserPromptSubmit and SessionStart print
+    stop: str | None = None  # continue: false, with its stopReason: the run stops
+    message: str = ""  # for the user: systemMessage, or why the hook failed
+
+
+class Hook(NamedTuple):
+    """One configured hook."""
+
+    event: str
+    matcher: str  # a name, names joined by |, a regex, or "" / "*" for all
+    command: str  # what runs, and the key identical hooks run once by
+    timeout: float
+    origin: str  # the settings file
+    run: Callable[[dict], HookResult] | None = None  # a stand-in for the command (a callback); None: the command
+
+
+def load_hooks(layers: list[Layer]) -> tuple[list[Hook], list[str]]:
+    """The hooks of the layers given, and a warning for each entry that is not one."""
+    hooks, warnings = [], []
+    for layer in layers:
+        for event, groups in layer.data.get("hooks", {}).items():
+            where = f"{layer.path}: hooks.{event}"
+            if event not in HOOK_EVENTS or not isinstance(groups, list):
+                warnings.append(f"{where} is not " + ("a list" if event in HOOK_EVENTS else "an event solo knows"))
+                continue
+            for group in groups:
+                entries = group.get("hooks") if isinstance(group, dict) else None
+                matcher = group.get("matcher", "") if isinstance(group, dict) else None
+                if not isinstance(entries, list) or not isinstance(matcher, str):
+                    warnings.append(f"{where}: an entry is not {{\"matcher\": \"...\", \"hooks\": [...]}}; ignored")
+                    continue
+                for entry in entries:
+                    timeout = entry.get("timeout", HOOK_TIMEOUT) if isinstance(entry, dict) else None
+                    if not isinstance(entry, dict) or entry.get("type") != "command" \
+                            or not isinstance(entry.get("command"), str) or not entry["command"].strip() \
+                            or not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+                        warnings.append(f"{where}: {json.dumps(entry)[:100]} is not a command hook "
+                                        '({"type": "command", "command": "...", "timeout": seconds}); ignored')
+                        continue
+                    hooks.append(Hook(event, matcher, entry["command"], float(timeout), layer.path))
+    return hooks, warnings
+
+
+def hook_matches(matcher: str, target: str) -> bool:
+    """Whether a hook's matcher takes this tool name (or source, trigger): exact names joined by |, else a regex."""
+    if matcher in ("", "*"):
+        return True
+    if re.fullmatch(r"[\w|-]+", matcher):
+        return target in matcher.split("|")
+    try:
+        return re.search(matcher, target) is not None
+    except re.error:
+        return matcher == target
+
+
+def hook_answer(event: str, output: dict) -> HookResult:
+    """A hook's JSON output as a HookResult (what a callback standing in for a command returns, too)."""
+    specific = output.get("hookSpecificOutput") if isinstance(output.get("hookSpecificOutput"), dict) else {}
+    text = lambda value: value if isinstance(value, str) else ""
+    decision = {"approve": "allow", "block": "deny"}.get(output.get("decision"), "") if event == "PreToolUse" else ""
+    decision = specific.get("permissionDecision") if specific.get("permissionDecision") in ("allow", "deny", "ask") \
+        else decision
+    blocked = output.get("decision") == "block" and event != "PreToolUse"
+    return HookResult(
+        0, (text(output.get("reason")) or "blocked by a hook") if blocked else "", decision,
+        text(specific.get("permissionDecisionReason")) or text(output.get("reason")),
+        specific.get("updatedInput") if isinstance(specific.get("updatedInput"), dict) else None,
+        text(specific.get("additionalContext")),
+        (text(output.get("stopReason")) or "a hook stopped the run") if output.get("continue") is False else None,
+        text(output.get("systemMessage")))
+
+
+def hook_result(event: str, code: int, stdout: str, stderr: str) -> HookResult:
+    """A command hook's exit code and output as a HookResult."""
+    if code == 2:
+        return HookResult(2, block=stderr.strip() or "blocked by a hook")
+    if code != 0:
+        return HookResult(code, message=stderr.strip() or stdout.strip())
+    if stdout.lstrip().startswith("{"):
+        with contextlib.suppress(ValueError):
+            if isinstance(output := json.loads(stdout), dict):
+                return hook_answer(event, output)
+    return HookResult(context=stdout.strip() if event in ("UserPromptSubmit", "SessionStart") else "")
+
+
+def run_hook_command(command: str, data: dict, *, cwd: Path, env: dict[str, str], timeout: float,
+                     start: Callable[..., subprocess.Popen] = subprocess.Popen) -> tuple[int, str, str]:
+    """Run a command hook through the shell in its own process group, the event on its stdin: its exit code (None
+    after `timeout` seconds, when the group is killed) and its stdout and stderr, each cut to HOOK_OUTPUT."""
+    sinks, proc, code = {}, None, None
+    try:
+        with signals_held():
+            proc = start(["/bin/sh", "-c", command], cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+        payload = json.dumps(data).encode()
+        if len(payload) < select.PIPE_BUF * 8:  # fits an empty pipe: written at once, never blocking
+            feed(proc.stdin, payload)
+        else:  # a hook that does not read a large input must not stall solo
+            threading.Thread(target=feed, args=(proc.stdin, payload), daemon=True).start()
+        sinks = {proc.stdout.fileno(): HeadTail(HOOK_OUTPUT), proc.stderr.fileno(): HeadTail(HOOK_OUTPUT)}
+        pending, deadline, ended = set(sinks), time.monotonic() + timeout, None
+        while pending and (left := deadline - time.monotonic()) > 0:
+            for fd in select.select(list(pending), [], [], min(left, 0.1))[0]:
+                chunk = os.read(fd, 1 << 16)
+                sinks[fd].feed(chunk) if chunk else pending.discard(fd)
+            if proc.poll() is not None:  # what it left running may hold the pipes: drain a moment, not forever
+                ended = ended or time.monotonic()
+                if time.monotonic() - ended > BACKGROUND_GRACE:
+                    break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            code = proc.wait(max(0.0, deadline - time.monotonic()))
+    finally:
+        if proc:
+            if code is None:
+                signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+    out, err = (sink.text() for sink in sinks.values())
+    return code, out, err
+
+
+def feed(stream: Any, data: bytes) -> None:
+    """Write data to a child's stdin and close it; a child that does not read it is no error."""
+    with contextlib.suppress(OSError):
+        stream.write(data)
+    with contextlib.suppress(OSError):
+        stream.close()
+
+
+SETPRIV = ("/usr/bin/setpriv", "/bin/setpriv")  # util-linux: sets the death signal, then runs the command
+
+
+def hook_starter(spawner: Spawner) -> Callable[..., subprocess.Popen]:
+    """How hooks start, set to die with solo even when it is killed: through setpriv --pdeathsig where it exists
+    (a plain spawn, which costs a large process a millisecond where the spawner's fork with a step in the child
+    costs several), else by the spawner."""
+    setpriv = next((path for path in SETPRIV if os.access(path, os.X_OK)), None)
+    if setpriv is None:
+        return spawner.popen
+    return lambda args, **kwargs: subprocess.Popen([setpriv, "--pdeathsig", "KILL", *args], **kwargs)
+
+
+class Hooks:
+    """The hooks in force and how they run: the matching hooks of an event at the same time (identical commands
+    once), each timed and reported; their results merged into one."""
+
+    def __init__(self, hooks: list[Hook], *, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
+                 start: Callable[..., subprocess.Popen] = subprocess.Popen, common: Callable[[], dict] = dict):
+        self.hooks, self.cwd, self.emit, self.start, self.common = hooks, cwd, emit, start, common
+        self.env = {**env, "CLAUDE_PROJECT_DIR": str(cwd), "SOLO_PROJECT_DIR": str(cwd)}
+        self.missing: set[str] = set()  # commands the shell did not find: said once each
+        self.count = itertools.count(1)
+
+    def __bool__(self) -> bool:
+        return bool(self.hooks)
+
+    def fire(self, event: str, data: dict, target: str = "") -> HookResult:
+        """Run the event's matching hooks on its input (common fields added) and merge what they answer."""
+        chosen = list({h.command: h for h in self.hooks if h.event == event and hook_matches(h.matcher, target)}
+                      .values())
+        if not chosen:
+            return HookResult()
+        data = {**self.common(), "hook_event_name": event, **data}
+        if len(chosen) == 1:
+            return merged([self.run(chosen[0], data, target)])
+        results: list[HookResult] = [HookResult()] * len(chosen)
+        def run(i: int) -> None:
+            results[i] = self.run(chosen[i], data, target)
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(chosen))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return merged(results)
+
+    def run(self, hook: Hook, data: dict, target: str) -> HookResult:
+        """Run one hook, reporting its start and its answer; a failure is said to the user and blocks nothing."""
+        hook_id, name, started = f"hook_{next(self.count)}", f"{hook.event}:{target}" if target else hook.event, \
+            time.monotonic()
+        self.emit({"type": "hook_started", "hook_id": hook_id, "hook_name": name, "hook_event": hook.event})
+        stdout = stderr = ""
+        if hook.run:
+            result = hook.run(data)
+        else:
+            code, stdout, stderr = run_hook_command(hook.command, data, cwd=self.cwd, env=self.env,
+                                                    timeout=hook.timeout, start=self.start)
+            result = hook_result(hook.event, code, stdout, stderr) if code is not None else \
+                HookResult(-1, message=f"timed out after {hook.timeout:g} s and was killed")
+        self.emit({"type": "hook_response", "hook_id": hook_id, "hook_name": name, "hook_event": hook.event,
+                   "command": hook.command, "exit_code": result.code, "stdout": stdout, "stderr": stderr,
+                   "output": stdout + stderr, "outcome": "success" if result.code in (0, 2) else "error",
+                   "decision": result.decision or ("block" if result.block else ""),
+                   "seconds": time.monotonic() - started})
+        if result.code not in (0, 2):  # a command that is not there: said once
+            if not (result.code == 127 and hook.command in self.missing):
+                self.emit({"type": "notice", "text": f"{hook.event} hook {visible(one_line(hook.command, 80))} failed "
+                           f"(exit {result.code}): {one_line(result.message, 200) or 'no output'}; going on"})
+            self.missing.update([hook.command] if result.code == 127 else [])
+        elif result.message:
+            self.emit({"type": "notice", "text": f"{hook.event} hook: {one_line(result.message, 300)}"})
+        return result
+
+
+def merged(results: list[HookResult]) -> HookResult:
+    """The answers of an event's hooks as one: any block blocks, deny beats ask beats allow, texts joined."""
+    join = lambda name: "\n".join(text for r in results if (text := getattr(r, name)))
+    decision = next((d for d in ("deny", "ask", "allow") if any(r.decision == d for r in results)), "")
+    reason = next((r.reason for r in results if r.decision == decision and r.reason), "")
+    updated = next((r.updated_input for r in reversed(results) if r.updated_input is not None), None)
+    stop = next((r.stop for r in results if r.stop is not None), None)
+    code = next((r.code for r in results if r.code), 0)
+    return HookResult(code, join("block"), decision, reason, updated, join("context"), stop, join("message"))
+
+
 # --- Project trust --------------------------------------------------------------------------------
 # A cloned repository is not the user: what a project's own files ask for (MCP servers to start, files from
 # outside it to import) is used only once the user approved it, for that folder and that exact content.
@@ -3123,20 +3881,20 @@ class Trust(NamedTuple):
     servers: tuple[tuple[str, dict], ...] = ()  # .mcp.json's servers the user approved
     imports: frozenset[Path] = frozenset()  # files outside the repository its instructions may import
     skipped: tuple[str, ...] = ()  # .mcp.json's servers left out for want of approval
+    settings: bool = False  # the project's settings files may loosen rules and run hooks (approved, or none to approve)
 
 
 def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
-    """Claude Code's keys from the user's ~/.claude/settings.json and the project's .claude/settings.local.json
-    (never its shared .claude/settings.json, which a repository brings): enable all, enabled and disabled names."""
-    mine = [cfg.home / ".claude" / "settings.json"] if cfg.home else []
-    files = [*mine, cfg.cwd / ".claude" / "settings.local.json"]
+    """Claude Code's keys from the user's ~/.claude/settings.json, the project's .claude/settings.local.json in the
+    working directory and --settings (never its shared .claude/settings.json, which a repository brings): enable
+    all, enabled and disabled names."""
+    local = str(cfg.cwd / ".claude" / "settings.local.json")
     every, enabled, disabled = False, set(), set()
-    for settings in map(read_json, files):  # the local file last: its enableAllProjectMcpServers wins
-        if isinstance(settings.get("enableAllProjectMcpServers"), bool):
-            every = settings["enableAllProjectMcpServers"]
-        for key, found in (("enabledMcpjsonServers", enabled), ("disabledMcpjsonServers", disabled)):
-            listed = settings.get(key) if isinstance(settings.get(key), list) else []
-            found.update(name for name in listed if isinstance(name, str))
+    for layer in cfg.settings:  # the later file wins enableAllProjectMcpServers
+        if layer.scope in ("user", "flag") or layer.path == local:
+            every = layer.data.get("enableAllProjectMcpServers", every)
+            enabled.update(layer.data.get("enabledMcpjsonServers", []))
+            disabled.update(layer.data.get("disabledMcpjsonServers", []))
     return every, enabled, disabled
 
 
@@ -3161,7 +3919,7 @@ def described(name: str, spec: dict) -> str:
     return visible(f"{name}: {''.join(env)}{shlex.join([str(spec['command']), *map(str, spec.get('args') or [])])}")
 
 
-def trust_question(cfg: Config, servers: list[tuple[str, dict]], imports: list[Path]) -> str:
+def trust_question(cfg: Config, servers: list[tuple[str, dict]], imports: list[Path], settings: dict) -> str:
     """What the user is asked to approve for this folder, in full."""
     lines = [f"This folder's own files ask for what only you can allow ({visible(str(cfg.cwd))}):"]
     if servers:
@@ -3170,6 +3928,9 @@ def trust_question(cfg: Config, servers: list[tuple[str, dict]], imports: list[P
     if imports:
         lines += ["  files outside the repository that its CLAUDE.md imports into the model's instructions:"]
         lines += [f"    {visible(str(path))}" for path in imports]
+    for path, wanted in settings.items():
+        lines += [f"  settings from {visible(path)} that allow more or run commands (hooks):"]
+        lines += [f"    {key}: {visible(json.dumps(value, ensure_ascii=False))}" for key, value in wanted.items()]
     return "\n".join(lines)
 
 
@@ -3179,17 +3940,19 @@ def refusal(answer: bool | None) -> str:
 
 
 def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: Callable[[str], None]) -> Trust:
-    """The project's servers and outside imports this run may use: those Claude Code's keys or an answer on record
-    allow; the rest are asked about once (in a session, when `ask` is given), else left out with a line saying how
-    to approve them. disabledMcpjsonServers wins over everything."""
+    """The project's servers, outside imports and settings this run may use: those Claude Code's keys or an answer
+    on record allow; the rest are asked about once (in a session, when `ask` is given), else left out with a line
+    saying how to approve them. disabledMcpjsonServers wins over everything."""
     every, enabled, disabled = mcp_settings(cfg) if cfg.project_mcp else (False, set(), set())
     pending = [(n, s) for n, s in cfg.project_mcp if n not in disabled and not (every or n in enabled)]
     imports = outside_imports(cfg)
-    subjects = {"mcp": dict(cfg.project_mcp), "imports": sorted(map(str, imports))}
+    settings = settings_subject(cfg.settings)
+    subjects = {"mcp": dict(cfg.project_mcp), "imports": sorted(map(str, imports)), "settings": settings}
     answers = {kind: approved(cfg.solo_home, cfg.cwd, kind, subjects[kind])
-               for kind, wanted in (("mcp", pending), ("imports", imports)) if wanted}
+               for kind, wanted in (("mcp", pending), ("imports", imports), ("settings", settings)) if wanted}
     unsettled = [kind for kind, answer in answers.items() if answer is None]
-    question = trust_question(cfg, pending if "mcp" in unsettled else [], imports if "imports" in unsettled else [])
+    question = trust_question(cfg, pending if "mcp" in unsettled else [], imports if "imports" in unsettled else [],
+                              settings if "settings" in unsettled else {})
     answer = ask(question) if ask and unsettled else None
     just_asked = unsettled if answer is not None else []
     for kind in just_asked:
@@ -3203,8 +3966,14 @@ def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: 
     if imports and not answers.get("imports") and "imports" not in just_asked:
         notice(f"left out CLAUDE.md's imports from outside the repository ({', '.join(map(str, imports))}): "
                f"{refusal(answers['imports'])}; to approve them, start a session here and answer y")
+    if settings and not answers.get("settings") and "settings" not in just_asked:
+        keys = ", ".join(dict.fromkeys(key for wanted in settings.values() for key in wanted))
+        notice(f"ignored what this project's settings allow or run ({keys} in {', '.join(settings)}): "
+               f"{refusal(answers['settings'])}; their deny and ask rules still hold. To approve, start a session "
+               "here and answer y")
     servers = tuple((n, s) for n, s in cfg.project_mcp if n not in disabled and n not in skipped)
-    return Trust(servers, frozenset(imports) if answers.get("imports") else frozenset(), tuple(skipped))
+    return Trust(servers, frozenset(imports) if answers.get("imports") else frozenset(), tuple(skipped),
+                 not settings or bool(answers.get("settings")))
 
 
 # --- Messages -------------------------------------------------------------------------------------
@@ -3937,6 +4706,7 @@ class Compactor:
         self.model, self.info, self.emit, self.usage = model, info, emit, usage or Usage()
         self.windows: dict[str, int] = {}  # by model: learned from a refusal or the model list
         self.failures, self.after = 0, 0  # summaries that failed in a row; tokens left by the last compaction
+        self.hook: Callable[[str, str, bool], None] | None = None  # PreCompact and SessionStart hooks: before, after
 
     def size(self, cfg: Config) -> int:
         """The context window in tokens: given, learned from a refusal, from the model list, or a default."""
@@ -3968,6 +4738,8 @@ class Compactor:
         recent tool work that fits a quarter of the window; False when no summary came (twice: never again)."""
         if self.failures >= 2 or (cfg.compact_at >= 1 and trigger == "auto"):
             return False
+        if self.hook:
+            self.hook(trigger, focus, False)
         window, latest = self.size(cfg), max(i for i, m in enumerate(messages) if m["role"] in ("user", "system"))
         budget = (window - min(window // 10, 16_000)) * 2  # characters: about half of what fits
         ask = SUMMARY_ASK + (f" Focus on: {focus}" if focus else "")
@@ -4004,6 +4776,8 @@ class Compactor:
             messages.compactions, messages.floor = messages.compactions + 1, len(messages)
         self.after = estimate_tokens(messages)
         self.emit({"type": "compact_boundary", "trigger": trigger, "tokens_before": tokens, "tokens_after": self.after})
+        if self.hook:
+            self.hook(trigger, focus, True)
         return True
 
 
@@ -4093,12 +4867,65 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
     raise AssertionError("unreachable")
 
 
+class HookStop(Exception):
+    """A hook answered `continue: false`: the run stops, and the user reads why."""
+
+
+def admit(call: dict, tools: dict[str, Tool], ctx: ToolContext, hooks: Hooks | None) -> tuple[dict, str | None]:
+    """Before a call runs, in solo's own process: its PreToolUse hooks, then the permission check. The call as it
+    will run (a hook may rewrite its input) and, when it may not run, its result."""
+    tool = tools.get(TOOL_ALIASES.get(call["function"]["name"], call["function"]["name"]))
+    try:
+        args = parse_arguments(call["function"]["arguments"])
+        kwargs = check_arguments(tool, args) if tool else None
+    except (ValueError, ToolError):
+        return call, None  # run_tool_call says what is wrong
+    if tool is None:
+        return call, None
+    verdict = hooks.fire("PreToolUse", {"tool_name": tool.name, "tool_input": args, "tool_use_id": call["id"]},
+                         tool.name) if hooks else HookResult()
+    if verdict.stop is not None:
+        raise HookStop(verdict.stop)
+    if verdict.block:
+        return call, Denied(f"Error: blocked by a PreToolUse hook: {verdict.block}")
+    if verdict.decision == "deny":
+        return call, denial(f"by a PreToolUse hook: {verdict.reason or 'no reason given'}")
+    if verdict.updated_input is not None:
+        args = {**args, **verdict.updated_input}
+        call = {**call, "function": {**call["function"], "arguments": json.dumps(args)}}
+        try:
+            kwargs = check_arguments(tool, args)
+        except ToolError as error:
+            return call, f"Error: {error} (in the input a PreToolUse hook gave)"
+    why = ctx.confirm(tool.name, kwargs, verdict.decision) if ctx.confirm else ""
+    return call, denial(why) if why else None
+
+
+def settle(call: dict, content: str, hooks: Hooks | None) -> str:
+    """After a call ran: its PostToolUse (or PostToolUseFailure) hooks; what they say for the model is added."""
+    name = call["function"]["name"]
+    if not hooks or isinstance(content, Denied):
+        return content
+    with contextlib.suppress(ValueError):
+        args = parse_arguments(call["function"]["arguments"])
+        failed = content.startswith("Error:")
+        data = {"tool_name": name, "tool_input": args, "tool_use_id": call["id"],
+                **({"error": content} if failed else {"tool_response": content})}
+        verdict = hooks.fire("PostToolUseFailure" if failed else "PostToolUse", data, name)
+        notes = [f"[{name} hook feedback: {text}]" for text in (verdict.block, verdict.context) if text]
+        content = "\n".join([content, *notes]) if notes else content
+        if verdict.stop is not None:
+            raise HookStop(verdict.stop)
+    return content
+
+
 def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages: list[dict],
-              emit: Callable[[dict], None], *, cut: bool) -> None:
+              emit: Callable[[dict], None], *, cut: bool, hooks: Hooks | None = None) -> None:
     """Answer every tool call of an assistant message with one tool message each, in order; consecutive
-    read-only calls run at the same time."""
-    ctx = ctx._replace(reads=getattr(messages, "reads", None), todos=getattr(messages, "todos", None))  # its own
-    images: list[dict] = []
+    read-only calls run at the same time, and so do sub-agents. Hooks and the permission check run here, in solo's
+    own flow, around each batch; a hook that stops the run stops it once every call has its answer."""
+    ctx, stop = ctx._replace(reads=getattr(messages, "reads", None), todos=getattr(messages, "todos", None)), None
+    images: list[dict] = []  # Read short-cuts and the to-do list above are the conversation's own
     for size, group in itertools.groupby(message["tool_calls"], key=lambda c: 1 if cut else lane(c, tools, ctx)):
         group = list(group)
         for start in range(0, len(group), size):
@@ -4106,17 +4933,22 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
             for call in batch:
                 emit({"type": "tool_call", "id": call["id"], "name": call["function"]["name"],
                       "arguments": call["function"]["arguments"]})
-            if len(batch) > 1:
-                contents = run_batch(batch, tools, ctx)
-            else:
+            contents = [f"Error: not run: {stop}" if stop is not None else None for _ in batch]
+            for i, call in enumerate(batch):
                 try:
-                    if cut:
-                        parse_arguments(batch[0]["function"]["arguments"])  # a call cut off mid-arguments is not JSON
-                    contents = [run_tool_call(batch[0], tools, ctx)]
-                except ValueError:
-                    contents = [CUT_OFF]
-            for call, content in zip(batch, contents):
+                    if contents[i] is None:
+                        batch[i], contents[i] = admit(call, tools, ctx, hooks)
+                except HookStop as error:
+                    stop, contents[i] = str(error), f"Error: not run: {error}"
+            runnable = [i for i, content in enumerate(contents) if content is None]
+            for i, content in zip(runnable, dispatch([batch[i] for i in runnable], tools, ctx, cut)):
+                contents[i] = content
+            for i, (call, content) in enumerate(zip(batch, contents)):
                 images += content.parts if isinstance(content, Attached) else ()
+                try:
+                    content = settle(call, content, hooks) if i in runnable and stop is None else content
+                except HookStop as error:
+                    stop = str(error)
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
                 emit({"type": "tool_result", "id": call["id"], "name": call["function"]["name"], "content": content,
                       "arguments": call["function"]["arguments"], "is_error": content.startswith("Error:"),
@@ -4124,6 +4956,21 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
     if images:  # a tool message holds only text: the images the results speak of follow them
         messages.append({"role": "user", "content": [{"type": "text", "text": "The images from the tool results:"},
                                                      *images]})
+    if stop is not None:
+        raise HookStop(stop)
+
+
+def dispatch(batch: list[dict], tools: dict[str, Tool], ctx: ToolContext, cut: bool) -> list[str]:
+    """The results of calls already admitted: several at once, or one (a call cut off mid-arguments is told so)."""
+    ctx = ctx._replace(confirm=None)  # asked already
+    if len(batch) > 1:
+        return run_batch(batch, tools, ctx)
+    try:
+        if cut and batch:
+            parse_arguments(batch[0]["function"]["arguments"])  # a call cut off mid-arguments is not JSON
+        return [run_tool_call(call, tools, ctx) for call in batch]
+    except ValueError:
+        return [CUT_OFF]
 
 
 def content_text(message: dict) -> str:
@@ -4167,10 +5014,12 @@ def spent(cfg: Config, usage: Usage, info: Callable[[str], dict], emit: Callable
 
 def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict], tools: dict[str, Tool],
               ctx: ToolContext, usage: Usage, emit: Callable[[dict], None],
-              info: Callable[[str], dict] = lambda model: {}, compactor: Compactor | None = None) -> Outcome:
-    """Ask the model, run its tool calls, and repeat until it answers without tool calls or a limit is hit."""
+              info: Callable[[str], dict] = lambda model: {}, compactor: Compactor | None = None,
+              hooks: Hooks | None = None, stop_event: str = "Stop") -> Outcome:
+    """Ask the model, run its tool calls, and repeat until it answers without tool calls (and no Stop hook keeps
+    it going) or a limit is hit."""
     plan = cfg.permission_mode == "plan"  # only what changes nothing is offered
-    specs, seen_ids = [tool.spec() for tool in tools.values() if not (plan and tool.asks)], set()
+    specs, seen_ids, kept_going = [tool.spec() for tool in tools.values() if not (plan and tool.asks)], set(), False
     tokens = getattr(messages, "tokens", 0)  # the conversation's last prompt size, from its last turn
     for turn in itertools.count(1):
         if cfg.max_turns and turn > cfg.max_turns:
@@ -4190,8 +5039,18 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
         emit({"type": "assistant", "message": message, "usage": response.get("usage"), "id": response.get("id"),
               "model": response.get("model") or cfg.model, "finish_reason": choice.get("finish_reason")})
         if not message.get("tool_calls"):
-            return Outcome(final_answer(message, choice.get("finish_reason"), emit), turns=turn)
-        run_calls(message, tools, ctx, messages, emit, cut=choice.get("finish_reason") == "length")
+            answer = final_answer(message, choice.get("finish_reason"), emit)
+            verdict = hooks.fire(stop_event, {"stop_hook_active": kept_going}) if hooks else HookResult()
+            if not verdict.block or verdict.stop is not None:
+                return Outcome(answer, turns=turn)
+            messages.append({"role": "user", "content": f"[A {stop_event} hook keeps you going: {verdict.block}]"})
+            kept_going = True
+            continue
+        try:
+            run_calls(message, tools, ctx, messages, emit, cut=choice.get("finish_reason") == "length", hooks=hooks)
+        except HookStop as stop:
+            emit({"type": "notice", "text": f"a hook stopped the run: {stop}"})
+            return Outcome("", turns=turn)
         if cfg.max_cost is not None and cost >= cfg.max_cost:
             return Outcome("", "error_max_budget_usd", turn)
     raise AssertionError("unreachable")
@@ -4205,12 +5064,21 @@ def permitted(cfg: Config, name: str, server: str) -> bool:
 
 
 class Agent:
-    """One run's model client, tools, skills, MCP servers and usage, shared by its conversations and sub-agents."""
+    """One run's model client, tools, skills, MCP servers, rules, hooks and usage, shared by its conversations and
+    sub-agents."""
 
     def __init__(self, cfg: Config, env: dict[str, str], emit: Callable[[dict], None], *,
-                 ask_user: Callable[[str, dict], bool] | None = None,
+                 ask_user: Callable[[str, dict, tuple[str, ...]], str] | None = None,
                  ask_trust: Callable[[str], bool | None] | None = None, sleep: Callable[[float], None] = time.sleep):
-        self.cfg, self.emit, self.usage, self.transcript, self.ask_user = cfg, emit, Usage(), None, ask_user
+        self.emit, self.usage, self.transcript, self.ask_user, self.context = emit, Usage(), None, ask_user, []
+        self.scratch, self.servers, self.guard = None, [], None  # a read-only sandbox's private temp folder; the MCP
+        self.trust = settle_trust(cfg, ask_trust, self.notice)  # servers; the guarded files of a sandbox. Asked first
+        self.cfg = cfg = apply_settings(cfg, self.trust.settings)
+        layers = in_force(cfg.settings, self.trust.settings)
+        self.rules, bad_rules = load_rules(layers)
+        hooks, bad_hooks = load_hooks(layers)
+        for warning in setting_warnings(cfg) + bad_rules + bad_hooks:
+            self.notice(warning)
         self.model = ModelClient(cfg, emit=emit, sleep=sleep)
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
@@ -4221,11 +5089,13 @@ class Agent:
                 f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
         self.shells, self.asking = Shells(), threading.Lock()  # asking: one permission question at a time
         self.turns = 0  # prompts run: a sub-agent left running by a cancelled one stops at its next step
-        self.scratch, self.servers, self.guard = None, [], None  # a read-only sandbox's private temp folder; the MCP
-        self.trust = settle_trust(cfg, ask_trust, self.notice)  # servers; the guarded files of a sandbox. Asked first
         sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
-        tool_env = {**command_env(env, cfg.pass_env), **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
+        given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
+        start = hook_starter(Spawner() if sandbox else self.spawner) if hooks else subprocess.Popen  # unconfined: hooks
+        self.hooks = Hooks(hooks, cwd=cfg.cwd, env=given, emit=emit, common=self.hook_fields, start=start)  # are yours
+        self.compactor.hook = self.compacting if hooks else None
+        tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
                                delegate=self.delegate, side=self.side, blind=self.blind)
@@ -4262,9 +5132,12 @@ class Agent:
                         f"{'on' if self.cfg.sandbox_unix else 'off'}")
         return sandbox
 
-    def close(self) -> None:
-        """End the MCP servers and whatever commands left running; put back guarded files anything confined changed;
-        remove a read-only sandbox's temp folder."""
+    def close(self, reason: str = "other") -> None:
+        """Run the SessionEnd hooks; end the MCP servers and whatever commands left running; put back guarded files
+        anything confined changed; remove a read-only sandbox's temp folder."""
+        with contextlib.suppress(Exception):
+            if getattr(self, "hooks", None):
+                self.hooks.fire("SessionEnd", {"reason": reason})
         for server in self.servers:
             server.stop()
         self.shells.close()
@@ -4282,9 +5155,30 @@ class Agent:
         system = [{"role": "system", "content": system_prompt(self.cfg, catalog, instructions)}]
         conversation = Sessions(self.cfg).open(self.cfg.session_id, system, self.notice, resume, fork)
         self.transcript = conversation.transcript  # sub-agents write there too
-        for call in [c for m in conversation for c in m.get("tool_calls") or [] if c["function"]["name"] == "TodoWrite"]:
-            run_tool_call(call, {t.name: t for t in TOOLS}, self.ctx._replace(todos=conversation.todos, emit=None))
+        for call in (c for m in conversation for c in m.get("tool_calls") or []):
+            if call["function"]["name"] == "TodoWrite":
+                run_tool_call(call, {"TodoWrite": TOOLS[TOOL_NAMES.index("TodoWrite")]},
+                              self.ctx._replace(todos=conversation.todos, emit=None))
+        self.start_session("resume" if resume else "startup")
         return conversation
+
+    def start_session(self, source: str) -> None:
+        """Run the SessionStart hooks (startup, resume, clear, compact); what they print goes with the next prompt."""
+        if self.hooks:
+            self.context += [c for c in [self.hooks.fire("SessionStart", {"source": source}, source).context] if c]
+
+    def compacting(self, trigger: str, focus: str, done: bool) -> None:
+        """The PreCompact hooks before a compaction, the SessionStart hooks (compact) after it."""
+        if not done:
+            self.hooks.fire("PreCompact", {"trigger": trigger, "custom_instructions": focus}, trigger)
+        else:
+            self.start_session("compact")
+
+    def hook_fields(self) -> dict:
+        """What every hook's input holds."""
+        path = str(self.transcript.path) if self.transcript else ""
+        return {"session_id": self.cfg.session_id, "transcript_path": path, "cwd": str(self.cfg.cwd),
+                "permission_mode": self.cfg.permission_mode}
 
     def notice(self, text: str) -> None:
         """A line for the user."""
@@ -4295,11 +5189,11 @@ class Agent:
         self.cfg = self.cfg._replace(session_id=session_id)
         self.model.session.headers["x-session-id"] = session_id
 
-    def run(self, messages: list[dict], tools: dict[str, Tool] | None = None) -> Outcome:
+    def run(self, messages: list[dict], tools: dict[str, Tool] | None = None, stop_event: str = "Stop") -> Outcome:
         """Run the loop on a conversation."""
         return run_agent(self.cfg, messages, model=self.model, tools=self.tools if tools is None else tools,
                          ctx=self.ctx, usage=self.usage, emit=self.emit, info=self.model.model_info,
-                         compactor=self.compactor)
+                         compactor=self.compactor, hooks=self.hooks, stop_event=stop_event)
 
     def fork(self, body: str) -> str:
         """Run a skill body as a sub-agent in a fresh conversation (saved in the transcript as a side chain);
@@ -4307,7 +5201,8 @@ class Agent:
         messages = Conversation(transcript=self.transcript, sidechain=True)
         for message in ({"role": "system", "content": system_prompt(self.cfg, {})}, {"role": "user", "content": body}):
             messages.append(message)
-        outcome = self.run(messages, {n: t for n, t in self.tools.items() if n not in ("Skill", "Agent")})
+        outcome = self.run(messages, {n: t for n, t in self.tools.items() if n not in ("Skill", "Agent")},
+                           "SubagentStop")
         if outcome.subtype != "success":
             return f"Error: the skill's sub-agent stopped ({outcome.subtype})"
         return outcome.answer
@@ -4333,7 +5228,7 @@ class Agent:
             self.emit({**event, "agent": description or kind})
         outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
                             ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
-                            compactor=self.compactor)
+                            compactor=self.compactor, hooks=self.hooks, stop_event="SubagentStop")
         if outcome.subtype != "success":
             raise ToolError(f"the sub-agent stopped ({outcome.subtype}) before it answered")
         return outcome.answer or "(the sub-agent answered nothing)"
@@ -4355,7 +5250,11 @@ class Agent:
         return self.cfg.model if isinstance(kinds, list) and "image" not in kinds else ""
 
     def ask(self, messages: list[dict], prompt: str, context: str = "", images: Iterable[dict] = ()) -> Outcome:
-        """Add the user's prompt (expanding leading /skill words, with pasted images) to a conversation and run it."""
+        """Add the user's prompt (expanding leading /skill words, with pasted images) to a conversation and run it; a
+        UserPromptSubmit hook may block it (PromptBlocked) or add context."""
+        verdict = self.hooks.fire("UserPromptSubmit", {"prompt": prompt}) if self.hooks else HookResult()
+        if verdict.block or verdict.stop is not None:
+            raise PromptBlocked(f"a UserPromptSubmit hook blocked the prompt: {verdict.block or verdict.stop}")
         invoked, rest = split_invocation(prompt, self.skills)
         parts = [prompt] if not invoked else [
             f"The skill {s.name} ran as a sub-agent and returned:\n{self.fork(render_skill(s, rest))}"
@@ -4363,6 +5262,8 @@ class Agent:
         ]
         if context:
             parts.append(f"<stdin>\n{context}\n</stdin>")
+        parts += [f"<hook-context>\n{text}\n</hook-context>" for text in [*self.context, verdict.context] if text]
+        self.context = []
         if self.cfg.permission_mode == "plan":
             parts.append(PLAN_NOTE)
         text, images = "\n\n".join(parts), list(images)
@@ -4372,18 +5273,52 @@ class Agent:
         finally:
             self.turns += 1
 
-    def permit(self, tool: str, args: dict) -> str:
-        """Why a call that changes things may not run, by the permission mode or the user; "" when it may."""
-        mode = self.cfg.permission_mode
-        if mode == "plan":
+    def permit(self, tool: str, args: dict, hint: str = "") -> str:
+        """Why a call may not run, by the rules (deny, then ask, then allow), the permission mode, a PreToolUse hook's
+        decision (`hint`: allow skips the question, ask asks) or the user; "" when it may."""
+        cfg, known = self.cfg, self.tools.get(tool)
+        kind, rule = decide(self.rules, tool, args, cfg.cwd, cfg.home)
+        if kind == "deny":
+            return f"by {rule.text} ({rule.origin})"
+        changes = known is None or known.asks
+        if cfg.permission_mode == "plan" and changes:
             return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
-        allowed = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in ("Write", "Edit", "NotebookEdit"))
-        if allowed or not self.ask_user:
-            return ""
+        if kind != "ask" and hint != "ask":
+            mode = cfg.permission_mode
+            free = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in EDITORS)
+            if kind == "allow" or hint == "allow" or not (changes or tool == "WebFetch") or free or not self.ask_user:
+                return ""  # with -p, a call no rule asks about runs, as it always has; a session asks for a new domain
+        if not self.ask_user:
+            return f"by {rule.text} ({rule.origin}): the rule asks first, and with -p nobody can answer" if rule else \
+                "a PreToolUse hook asks first, and with -p nobody can answer"
+        if self.hooks:
+            self.hooks.fire("Notification", {"message": f"solo needs your permission to use {tool}",
+                                             "notification_type": "permission_prompt"}, "permission_prompt")
+        proposals = () if kind == "ask" else proposed_rules(self.rules, tool, args)  # an ask rule asks every time
         with self.asking:  # sub-agents ask from their own threads: one question on the terminal at a time
-            if self.ask_user(tool, args):
-                return ""
+            answer = self.ask_user(tool, args, proposals)
+        if answer in ("a", "s"):
+            self.rules["allow"] += [r for r in (parse_rule(t, "this session", cfg.cwd) for t in proposals)
+                                    if isinstance(r, Rule)]
+        if answer == "s":
+            self.save(proposals)
+        if answer in ("y", "a", "s"):
+            return ""
         return f"the user declined to let {tool} run; ask them or try something else"
+
+    def save(self, texts: tuple[str, ...]) -> None:
+        """Save allow rules in the project's .claude/settings.local.json; when the project's settings were trusted,
+        the trust goes on covering them (the user wrote them)."""
+        try:
+            path = save_rules(self.cfg.cwd, texts)
+        except (OSError, ValueError) as error:
+            self.notice(f"the rule was not saved: {error}")
+            return
+        self.notice(f"saved {', '.join(texts)} in {path}")
+        if self.trust.settings:  # only the project's files make the subject, and only those this run read
+            sources = tuple({layer.scope for layer in self.cfg.settings if from_project(layer)} | {"local"})
+            if subject := settings_subject(read_settings(sources, None, self.cfg.cwd)):
+                approve(self.cfg.solo_home, self.cfg.cwd, "settings", subject, True)
 
 
 # --- Command line ---------------------------------------------------------------------------------
@@ -4460,6 +5395,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--sandbox-network", choices=("on", "off"), help="commands may open network connections in a sandbox (off)")
     add("--sandbox-unix-sockets", choices=("on", "off"), help="commands may open unix sockets in a sandbox (off)")
     add("--add-dir", action="append", default=[], metavar="DIR", help="workspace-write: one more folder to write in")
+    add("--settings", metavar="FILE_OR_JSON", help="one more settings file (Claude Code's format), read last")
+    add("--setting-sources", metavar="LIST", help="which settings files to read: user,project,local (default all)")
     add("--version", action="store_true", help="print the version and exit")
     return parser.parse_args(argv)
 
@@ -4516,9 +5453,15 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
             raise UsageError(f"--add-dir {folder}: {why}")
     if args.yes and args.permission_mode not in (None, "bypassPermissions"):
         raise UsageError(f"--yes means --permission-mode bypassPermissions, not {args.permission_mode}")
+    sources = tuple(names(args.setting_sources)) if args.setting_sources is not None else SETTING_SOURCES
+    if unknown := [source for source in sources if source not in SETTING_SOURCES]:
+        raise UsageError(f"--setting-sources: no source {unknown[0]!r}; sources: {', '.join(SETTING_SOURCES)}")
     mcp = dict(mcp_servers(args.mcp_config, env))
     project = [] if args.strict_mcp_config or not (cwd / ".mcp.json").is_file() else [str(cwd / ".mcp.json")]
-    return Config(
+    given = {"model"} if args.model or env.get("OPENROUTER_MODEL", "").strip() else set()
+    given |= {"permission_mode"} if args.yes or args.permission_mode else set()
+    given |= {"session_days"} if env.get("SOLO_SESSION_DAYS", "").strip() else set()
+    return apply_settings(Config(
         api_key=api_key, cwd=cwd, base_url=api_base_url(env), max_turns=args.max_turns, max_cost=args.max_cost,
         model=args.model or env.get("OPENROUTER_MODEL", "").strip() or DEFAULT_MODEL, verbose=args.verbose,
         connect_timeout=args.connect_timeout or env_number(env, "SOLO_CONNECT_TIMEOUT", 10.0),
@@ -4538,7 +5481,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         permission_mode="bypassPermissions" if args.yes else args.permission_mode or "default", sandbox=sandbox,
         sandbox_network=args.sandbox_network == "on", sandbox_unix=args.sandbox_unix_sockets == "on",
         add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir),
-        solo_home=Path(solo_home) if (solo_home := env.get("SOLO_HOME", "").strip()) else home and home / ".solo")
+        solo_home=Path(solo_home) if (solo_home := env.get("SOLO_HOME", "").strip()) else home and home / ".solo",
+        settings=read_settings(sources, home, cwd, args.settings), given=frozenset(given)), trusted=False)
 
 
 class Streams(NamedTuple):
@@ -4618,7 +5562,7 @@ def claude_blocks(message: dict) -> list[dict]:
     return blocks
 
 
-STREAM_JSON_EVENTS = ("assistant", "tool_result", "api_retry", "compact_boundary")
+STREAM_JSON_EVENTS = ("assistant", "tool_result", "api_retry", "compact_boundary", "hook_started", "hook_response")
 
 
 class Reporter:
@@ -4678,6 +5622,9 @@ class Reporter:
             self.say(event["text"])
         elif kind == "todos" and self.interactive:
             self.say("to-do list:\n" + checklist(event["todos"]))
+        elif kind == "hook_response" and self.cfg.verbose:
+            self.say(f"hook {event['hook_name']} ({one_line(event['command'], 60)}) -> exit {event['exit_code']}"
+                     f"{', ' + event['decision'] if event['decision'] else ''}, {event['seconds']:.2f} s")
         elif kind == "mcp_log" and self.cfg.verbose:
             self.say(f"MCP server {event['server']}: {event['text']}")
         elif kind == "compact_boundary":
@@ -4837,6 +5784,7 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
     reporter = Reporter(cfg, streams)
     agent = Agent(cfg, env, reporter)
+    cfg = agent.cfg  # with what the settings files say
     if cfg.output_format == "stream-json":
         mode = cfg.permission_mode if cfg.permission_mode != "default" else "bypassPermissions"  # -p asks nothing
         reporter.write_json({"type": "system", "subtype": "init", "session_id": cfg.session_id, "cwd": str(cfg.cwd),
@@ -4867,7 +5815,8 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
 SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model [NAME] show or switch the model,
 /cost tokens and cost so far, /compact [FOCUS] summarise the conversation so far,
 /sessions this directory's sessions, /resume go on with one of them, /mcp the MCP servers,
-/trust forget your answer about this folder's .mcp.json servers and outside imports (the next session asks),
+/trust forget your answers about this folder's .mcp.json servers, outside imports and settings (the next session
+asks), /permissions the permission rules in force and where each comes from,
 /mode [default|acceptEdits|plan|bypassPermissions] show or set what runs without asking,
 /agents the sub-agent types, /bashes the background shells. A pasted image path attaches the image,
 /exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
@@ -4899,7 +5848,7 @@ class Session:
                  fork: bool = False):
         if not is_terminal(streams.stderr):  # its prompts and questions would go where the user cannot see them
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
-        self.streams, self.always, self.resume = streams, set(), (resume, fork)
+        self.streams, self.resume = streams, (resume, fork)
         self.reporter = Reporter(cfg, streams, interactive=True, fancy=env.get("TERM", "dumb") not in ("", "dumb"))
         self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm, ask_trust=self.ask_trust)
         self.agent.asking = self.reporter.lock  # while a question waits, no other line is drawn under it
@@ -4948,20 +5897,26 @@ class Session:
                 return answer[0]
             question = again
 
-    def confirm(self, tool: str, args: dict) -> bool:
-        """Ask before a command or a file change runs, showing it whole: y, n, or a (always, for this tool)."""
-        if tool in self.always:
-            return True
+    def confirm(self, tool: str, args: dict, proposals: tuple[str, ...]) -> str:
+        """Ask before a call runs, showing it whole and the rules an `always` answer adds: y (once), n, a (this
+        session), or s (and save them in .claude/settings.local.json: for commands and MCP tools); "n" for Ctrl-D."""
         what = describe_call(self.agent.cfg.cwd, tool, args)
         if running := orphans(self.agent.spawner.pids):  # they could type into this terminal or redraw it
             self.reporter.say("still running from earlier commands:\n" + "\n".join(
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
-        self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to change {what}")
-        answer = self.choose(f"Allow {tool}? [y/n/a] ", "Please answer y (yes), n (no) or a (always, for this tool): ",
-                             ("y", "yes", "n", "no", "a", "always"))
-        if answer == "a":
-            self.always.add(tool)
-        return answer in ("y", "a")
+        self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to change {what}"
+                          if tool in EDITORS else f"{tool} wants to run with {what}")
+        if not proposals:  # an ask rule: nothing to remember
+            return self.choose(f"Allow {tool}? [y/n] ", "Please answer y (yes) or n (no): ", ("y", "yes", "n", "no")) \
+                or "n"
+        saves = tool == "Bash" or tool.startswith("mcp__")
+        rules = visible(", ".join(proposals))
+        self.reporter.say(f"a: allow {rules} for this session" + ("; s: and save it in .claude/settings.local.json"
+                                                                   if saves else ""))
+        letters = ("y", "yes", "n", "no", "a", "always") + (("s", "save") if saves else ())
+        answer = self.choose(f"Allow {tool}? [y/n/a{'/s' * saves}] ", f"Please answer y (yes), n (no), a (always: "
+                             f"{rules}){' or s (save it)' * saves}: ", letters)
+        return answer or "n"
 
     def ask_trust(self, question: str) -> bool | None:
         """Ask once whether this folder's own servers and outside imports may be used; None for Ctrl-D."""
@@ -4979,6 +5934,9 @@ class Session:
         elif word == "/clear":
             del messages[1:]
             self.reporter.say("started a new conversation")
+            agent.start_session("clear")
+        elif word == "/permissions":
+            self.show_permissions()
         elif word == "/cost":
             self.reporter.say(agent.usage.line())
         elif word == "/model":
@@ -5006,8 +5964,8 @@ class Session:
                 self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/trust":
             forget(agent.cfg.solo_home, agent.cfg.cwd)
-            self.reporter.say("forgot your answers about this folder's .mcp.json servers and CLAUDE.md imports: "
-                              "the next session here asks again")
+            self.reporter.say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and "
+                              "settings: the next session here asks again")
         elif word == "/sessions":
             sessions = Sessions(agent.cfg)
             for path in itertools.islice(sessions.recent(), 10):
@@ -5049,6 +6007,20 @@ class Session:
                     parts.append(part)
         return parts
 
+    def show_permissions(self) -> None:
+        """The rules in force, each with the file it came from, and what waits for this folder's trust."""
+        agent = self.agent
+        for kind in RULE_KINDS:
+            for rule in agent.rules[kind]:
+                self.reporter.say(f"{kind:5}  {visible(rule.text)}  ({rule.origin})")
+        if not any(agent.rules.values()):
+            self.reporter.say("no permission rules (settings files: permissions.allow, ask, deny)")
+        if not agent.trust.settings:
+            waiting = settings_subject(agent.cfg.settings)
+            self.reporter.say(f"not in force until you trust this folder: {visible(json.dumps(waiting))} (/trust, then "
+                              "start a session here)")
+        self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
+
     def resume_picked(self) -> None:
         """Go on with a session the user picks; on any failure the current one goes on as it was."""
         path = pick_session(Sessions(self.agent.cfg), self.reporter.say, lambda q: self.read_line(q, history=False))
@@ -5070,7 +6042,7 @@ class Session:
         try:
             return self.loop()
         finally:
-            self.agent.close()
+            self.agent.close("prompt_input_exit")
 
     def loop(self) -> int:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""

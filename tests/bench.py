@@ -1,11 +1,11 @@
 """Benchmarks: what the harness costs on top of the model, each figure beside its floor.
 
-Run from the repository root (after tests/setup.sh):  .venv/bin/python tests/bench.py [--quick] [--mcp-only]
+Run from the repository root (after tests/setup.sh):  .venv/bin/python tests/bench.py [--quick] [--mcp-only] [--hook-only]
 
 Prints a table of medians over several runs: start-up to first request, time per turn over a 200-turn
 session (whole replies and streamed), the delay from a streamed chunk to its line on stdout, peak RSS idle / reading a 1 GB file / running a command that prints 1 GB, the largest request
 body, for prompt caching the share of each request that repeats the previous one byte for byte, and what the
-sandbox adds to a trivial command.
+sandbox adds to a trivial command, and what a `true` PreToolUse hook adds to each call (issue 22).
 For MCP and parallel calls (issue 15): 4 Greps of ~0.5 s in one reply against the same 4 one after another,
 4 read-only MCP calls of 1 s in one reply against the slowest, start-up with one stdio MCP server against
 none, and what an MCP call costs over the server's own time. --mcp-only runs just those.
@@ -31,6 +31,7 @@ PROGRAM, PYTHON = ROOT / "your_program.sh", ROOT / ".venv" / "bin" / "python"
 MCP_SERVER = ROOT / "tests" / "mcp_server.py"
 QUICK = "--quick" in sys.argv
 MCP_ONLY = "--mcp-only" in sys.argv
+HOOK_ONLY = "--hook-only" in sys.argv
 RUNS = 3 if QUICK else 7
 
 FLOOR_START = """
@@ -230,6 +231,29 @@ def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[fl
     return statistics.median(times["plain"]), statistics.median(times["confined"])
 
 
+def hook_cost(workspace: Path, turns: int = 100) -> tuple[float, float, float]:
+    """Median seconds per turn (one Read each) with a `true` PreToolUse hook on every call and without, and what
+    starting the hook's process costs by itself (`setpriv --pdeathsig KILL /bin/sh -c true`, as solo starts it)."""
+    (workspace / "small.txt").write_text("a small file\n" * 5)
+    hooked = workspace / "hooked-home"
+    (hooked / ".claude").mkdir(parents=True, exist_ok=True)
+    hook = {"type": "command", "command": "true"}
+    (hooked / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"PreToolUse": [{"hooks": [hook]}]}}))
+    times: dict[str, list[float]] = {"hooked": [], "plain": []}
+    for _ in range(max(3, RUNS // 2)):
+        for name, home in (("hooked", hooked), ("plain", workspace)):
+            with FakeOpenRouter(session_model(turns), validate=False) as server:
+                subprocess.run([str(PROGRAM), "-p", "go", "--no-stream"], cwd=workspace, check=True,
+                               env={**env_for(server, workspace), "HOME": str(home)}, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL)
+                times[name].append((server.times[-1] - server.times[0]) / turns)
+    setpriv = ["/usr/bin/setpriv", "--pdeathsig", "KILL"] if os.access("/usr/bin/setpriv", os.X_OK) else []
+    started = time.monotonic()
+    for _ in range(100):  # the hook's process as solo starts it
+        subprocess.run([*setpriv, "/bin/sh", "-c", "true"], input=b"{}", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return statistics.median(times["hooked"]), statistics.median(times["plain"]), (time.monotonic() - started) / 100
+
+
 def mcp_config(*options: str) -> str:
     """--mcp-config for one test server `t` with these options."""
     return json.dumps({"mcpServers": {"t": {"command": str(PYTHON), "args": [str(MCP_SERVER), *options]}}})
@@ -344,6 +368,12 @@ def print_rows(rows: list[tuple[str, str, str, str]]) -> None:
 def main() -> None:
     """Run every benchmark and print the table."""
     subprocess.run([str(PROGRAM), "--version"], check=True, stdout=subprocess.DEVNULL)  # set-up outside timings
+    if HOOK_ONLY:
+        with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
+            hooked, plain, shell = hook_cost(Path(tmp))
+            print(f"PreToolUse hook `true` on every call: {hooked * 1000:.2f} ms a turn against {plain * 1000:.2f} ms "
+                  f"(+{(hooked - plain) * 1000:.2f} ms); its process alone {shell * 1000:.2f} ms")
+        return
     if MCP_ONLY:
         with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
             print_rows(mcp_rows(Path(tmp)))
@@ -358,6 +388,7 @@ def main() -> None:
         peaks = memory(workspace)
         share, sent = prefix_share(workspace)
         long = long_session(workspace)
+        hooked, plain, shell = hook_cost(workspace)
     idle = peaks["idle (answer at once)"][0]
     rows = [
         ("start-up to first request", f"{start_agent * 1000:.0f} ms", f"{start_floor * 1000:.0f} ms",
@@ -375,6 +406,8 @@ def main() -> None:
         ("Bash `true` via tool_bash, sandboxed", *((f"{sandbox[1] * 1000:.2f} ms", f"{sandbox[0] * 1000:.2f} ms",
           f"+{(sandbox[1] - sandbox[0]) * 1000:.2f} ms set-up (target <= 5 ms)") if sandbox else
           ("n/a", "", "this kernel has no Landlock"))),
+        ("PreToolUse hook `true` on every call", f"+{(hooked - plain) * 1000:.2f} ms a call",
+         f"{shell * 1000:.2f} ms its process alone", f"{(hooked - plain) / shell:.2f}x its process"),
     ]
     print_rows(rows + mcp)
     print("\n400-turn session in a 20,000-token window:")

@@ -323,9 +323,9 @@ def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve,
     server = serve(script(*steps))
     session = terminal(server)
     session.send("go\r")
-    session.expect(r"Allow Bash\? \[y/n/a\] ")
+    session.expect(r"Allow Bash\? \[y/n/a/s\] ")
     session.send("y\r")
-    screen = session.expect(r"Allow Bash\? \[y/n/a\] ")
+    screen = session.expect(r"Allow Bash\? \[y/n/a/s\] ")
     assert "still running from earlier commands" in screen and marker in screen, screen
     assert screen.index(marker) < screen.index("git status")
     session.send("n\r")

@@ -750,7 +750,7 @@ def test_a_turn_that_fails_after_compacting_leaves_a_valid_conversation(serve, t
     term = terminal(server)
     term.ask("hello", "answer to hello")
     term.send("work\r")
-    term.expect(r"Allow Bash\? \[y/n/a\] ")
+    term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     term.send("y\r")
     term.expect("Provider returned error")
     term.expect(PROMPT)

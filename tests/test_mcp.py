@@ -666,7 +666,7 @@ def test_slash_mcp_lists_the_servers_state_and_tool_count(serve, terminal, works
     term.expect(r"solo: bad: failed[^\r\n]*, 0 tools\r\n")
     term.expect(PROMPT)
     term.send("crash it\r")
-    term.expect(r"Allow mcp__t__crash\? \[y/n/a\] ")
+    term.expect(r"Allow mcp__t__crash\? \[y/n/a/s\] ")
     term.send("y\r")
     term.expect("after: Error: ")
     term.expect(PROMPT)
@@ -722,7 +722,7 @@ def test_an_mcp_tool_that_changes_things_asks_first_and_a_read_only_one_does_not
     term.expect(PROMPT)
     assert "Allow" not in shown
     term.send("change it\r")
-    shown = term.expect(r"Allow mcp__t__echo\? \[y/n/a\] ")
+    shown = term.expect(r"Allow mcp__t__echo\? \[y/n/a/s\] ")
     assert "hi" in shown
     term.send("n\r")
     term.expect("result: Error: permission denied")

@@ -682,7 +682,7 @@ def test_accept_edits_asks_only_for_bash_and_a_no_is_only_the_models_error(serve
     server = serve(tool_then(EDITS, lambda body: "after: " + last_result(body)))
     term = terminal(server, "--permission-mode", "acceptEdits")
     term.send("change things\r")
-    shown = term.expect(r"Allow Bash\? \[y/n/a\] ")
+    shown = term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     assert "Allow Write" not in shown and "Allow Edit" not in shown
     assert (workspace / "w.txt").read_text() == "x\n" and (workspace / "e.txt").read_text() == "new\n"
     term.send("n\r")

@@ -31,7 +31,8 @@ def test_a_confirmation_answered_n_runs_nothing(serve, terminal, workspace):
     server = serve(tool_then([call("Bash", {"command": "touch made"})], lambda body: "result: " + last_result(body)))
     term = terminal(server)
     term.send("make a file\r")
-    term.expect(r"Bash wants to run:\r\ntouch made\r\nAllow Bash\? \[y/n/a\] ")
+    term.expect(r"Bash wants to run:\r\ntouch made\r\nsolo: a: allow Bash\(touch:\*\) for this session; s: and save it "
+                r"in \.claude/settings\.local\.json\r\nAllow Bash\? \[y/n/a/s\] ")
     term.send("n\r")
     term.expect("result: Error: permission denied: the user declined")
     assert not (workspace / "made").exists()
@@ -48,7 +49,7 @@ def test_always_answer_stops_asking(serve, terminal, workspace):
     server = serve(model)
     term = terminal(server)
     term.send("go\r")
-    term.expect(r"\[y/n/a\] ")
+    term.expect(r"\[y/n/a/s\] ")
     term.send("a\r")
     term.expect("both made")
     assert (workspace / "f0").exists() and (workspace / "f1").exists()
@@ -67,7 +68,7 @@ def test_ctrl_c_cancels_a_turn_and_returns_to_the_prompt(serve, terminal, worksp
     server = serve(model)
     term = terminal(server)
     term.send("slow\r")
-    term.expect(r"\[y/n/a\] ")
+    term.expect(r"\[y/n/a/s\] ")
     term.send("y\r")
     deadline = time.monotonic() + 10
     while not ((workspace / "pid").exists() and (workspace / "pid").read_text().strip()):
@@ -129,7 +130,7 @@ def test_control_characters_are_shown_escaped_not_obeyed(serve, terminal, worksp
     server = serve(asks_once([call("Bash", {"command": hidden})]))
     term = terminal(server)
     term.send("list\r")
-    shown = term.expect(r"Allow Bash\? \[y/n/a\] ")
+    shown = term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     assert r"touch pwned\r\x1b[2Kls -la" in shown and "\x1b" not in shown
     term.send("n\r")
     term.expect("done: Error: permission denied: the user declined")
@@ -141,7 +142,7 @@ def test_the_whole_command_is_shown_every_line(serve, terminal):
     server = serve(asks_once([call("Bash", {"command": command})]))
     term = terminal(server)
     term.send("go\r")
-    shown = term.expect(r"Allow Bash\? \[y/n/a\] ")
+    shown = term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     assert "echo harmless\r\n" in shown and "\r\nrm -rf ./important\r\n" in shown
     term.send("n\r")
     term.expect(PROMPT)
@@ -183,15 +184,15 @@ def test_typed_ahead_text_does_not_answer_and_only_y_n_a_do(serve, terminal, wor
         time.sleep(0.02)
     term.send("a\r")  # typed while the model thinks: must not answer the question to come
     release.set()
-    term.expect(r"Allow Bash\? \[y/n/a\] ")
+    term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     term.send("sure\r")
-    term.expect(r"Please answer y \(yes\), n \(no\) or a \(always, for this tool\): ")
+    term.expect(r"Please answer y \(yes\), n \(no\), a \(always: Bash\(touch:\*\)\) or s \(save it\): ")
     term.send("\x04")  # Ctrl-D at the question means no
     term.expect("answer: Error: permission denied: the user declined")
     assert not (workspace / "made").exists()
     term.expect(PROMPT)
     term.send("\x1b[A\r")  # up-arrow recalls the last prompt, never a permission answer
-    term.expect(r"Allow Bash\? \[y/n/a\] ")
+    term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     assert user_turns(server.bodies[-1])[-1] == "make it"
     term.send("n\r")
     term.expect(PROMPT)
@@ -218,7 +219,7 @@ def test_ctrl_c_after_a_cancelled_turn_does_not_leave(serve, terminal, workspace
     server = serve(model)
     term = terminal(server)
     term.send("slow\r")
-    term.expect(r"\[y/n/a\] ")
+    term.expect(r"\[y/n/a/s\] ")
     term.send("y\r")
     deadline = time.monotonic() + 10
     while not ((workspace / "pid").exists() and (workspace / "pid").read_text().strip()):

@@ -561,7 +561,7 @@ def test_sub_agents_in_a_session_ask_one_question_at_a_time(serve, terminal, wor
     term = terminal(server)
     term.send("two\r")
     for _ in range(2):
-        term.expect(r"Allow Bash\? \[y/n/a\] ")
+        term.expect(r"Allow Bash\? \[y/n/a/s\] ")
         term.send("y\r")
     term.expect("two done")
     term.expect(r"\n> ")
@@ -606,3 +606,68 @@ def test_a_sub_agent_of_a_cancelled_prompt_stops_at_its_next_step(serve, tmp_pat
     go.set()
     thread.join(10)
     assert outcome == ["Error: the prompt that started this sub-agent was cancelled"] and len(server.bodies) == 1
+
+
+# --- Rules and hooks ------------------------------------------------------------------------------
+
+
+def test_web_fetch_domain_rules_and_hooks_cover_the_new_tools(serve, run, workspace, site):
+    log = workspace.parent / "hooked.jsonl"
+    hook = {"type": "command", "command": f"cat >> {log}; echo >> {log}"}
+    settings = workspace.parent / "home" / ".claude" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(json.dumps({"permissions": {"deny": ["WebFetch(domain:localhost)"]}, "hooks": {
+        "PreToolUse": [{"matcher": "WebFetch|TodoWrite|Agent", "hooks": [hook]}],
+        "SubagentStop": [{"hooks": [hook]}]}}))
+    other = site.replace("127.0.0.1", "localhost")
+    todo = [{"content": "Read", "status": "in_progress", "activeForm": "Reading"}]
+
+    def model(body: dict) -> dict:
+        if body["messages"][0]["content"] == agent.WEB_READER:
+            return reply("read it")
+        if body["messages"][1]["content"] == "sub":
+            return reply("sub done")
+        if body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=[call("WebFetch", {"url": f"{site}/page", "prompt": "p"}),
+                                     call("WebFetch", {"url": f"{other}/page", "prompt": "p"}),
+                                     call("TodoWrite", {"todos": todo}),
+                                     call("Agent", {"description": "d", "prompt": "sub"})])
+        return reply(" | ".join(tool_results(body)))
+
+    server = serve(model)
+    result = run(["-p", "go"], cwd=workspace, base_url=server.url)
+    assert result.stdout.strip() == (f"read it | Error: permission denied by WebFetch(domain:localhost) ({settings}) | "
+                                     "The to-do list is updated (0 of 1 done). Keep it current as you work. | sub done")
+    seen = [json.loads(line) for line in log.read_text().splitlines() if line]
+    assert [e.get("tool_name") or e["hook_event_name"] for e in seen] == \
+        ["WebFetch", "WebFetch", "TodoWrite", "Agent", "SubagentStop"]
+
+
+def test_a_session_asks_before_the_first_fetch_of_a_domain(serve, terminal, workspace, site):
+    other = site.replace("127.0.0.1", "localhost")
+    urls = {"one": f"{site}/page", "two": f"{site}/plain", "three": f"{other}/page"}
+
+    def model(body: dict) -> dict:
+        if body["messages"][0]["content"] == agent.WEB_READER:
+            return reply("read it")
+        last = body["messages"][-1]
+        if last["role"] == "user":
+            return reply(tool_calls=[call("WebFetch", {"url": urls[last["content"]], "prompt": "p"})])
+        return reply("said: " + tool_results(body)[0])
+
+    server = serve(model)
+    term = terminal(server)
+    term.send("one\r")
+    assert "a: allow WebFetch(domain:127.0.0.1) for this session" in term.expect(r"Allow WebFetch\? \[y/n/a\] ")
+    term.send("a\r")
+    term.expect("said: read it")
+    term.expect(r"\n> ")
+    term.ask("two", "said: read it")  # the same domain: no question
+    term.send("three\r")
+    term.expect(r"Allow WebFetch\? \[y/n/a\] ")
+    term.send("n\r")
+    term.expect("said: Error: permission denied: the user declined to let WebFetch run")
+    assert term.transcript.count("Allow WebFetch?") == 2
+    term.expect(r"\n> ")
+    term.send("\x04")
+    assert term.wait() == 0

@@ -613,7 +613,7 @@ def test_ctrl_c_removes_the_cancelled_turn_from_the_transcript(serve, run, sessi
     term = session(server)
     term.ask("hello", "answer to hello")
     term.send("slow\r")
-    term.expect(r"\[y/n/a\] ")
+    term.expect(r"\[y/n/a/s\] ")
     term.send("y\r")
     shell = wait_for_pid(workspace / "pid")
     term.send("\x03")
