@@ -162,7 +162,7 @@ class Config(NamedTuple):
     disallowed: tuple[str, ...] = ()
     mcp: tuple[tuple[str, dict], ...] = ()  # --mcp-config's servers: name and settings (variables filled in)
     project_mcp: tuple[tuple[str, dict], ...] = ()  # the working directory's .mcp.json: started only when approved
-    mcp_timeout: float = 10.0  # seconds a server may take to start and answer initialize
+    mcp_timeout: float = 10.0  # seconds the servers together may take to start (initialize, tools/list)
     mcp_tool_timeout: float = 120.0  # seconds one MCP tool call may take
     append_system_prompt: str = ""
     trace_path: str | None = None
@@ -1882,6 +1882,81 @@ def tool_skill(ctx: ToolContext, name: str, arguments: str = "") -> str:
     return ctx.fork(body) if skill.fork and ctx.fork else body
 
 
+# --- Custom commands and mentions -----------------------------------------------------------------
+
+
+class Command(NamedTuple):
+    """A custom slash command: a Markdown file in .claude/commands, in Claude Code's format."""
+
+    name: str
+    description: str
+    hint: str  # argument-hint
+    model: str  # the model for this prompt ("" for the session's)
+    allowed: tuple[str, ...]  # allowed-tools: tools that run without a question for this prompt
+    body: str
+
+
+def discover_commands(folders: list[Path]) -> dict[str, Command]:
+    """Custom commands under each folder's .claude/commands (subfolders too), earlier folders winning."""
+    commands: dict[str, Command] = {}
+    for base in folders:
+        for file in sorted((base / ".claude" / "commands").rglob("*.md")):
+            with contextlib.suppress(OSError, ValueError):
+                text = read_small(file, SKILL_LIMIT)
+                fields, body = parse_frontmatter(text) if text.lstrip("\ufeff").startswith("---") else ({}, text)
+                allowed = tuple(re.findall(r"[\w.-]+(?:\([^)]*\))?", fields.get("allowed-tools", "")))
+                commands.setdefault(file.stem, Command(file.stem, fields.get("description") or one_line(body, 60),
+                                                       fields.get("argument-hint", ""), fields.get("model", ""),
+                                                       allowed, body.strip()))
+    return commands
+
+
+def attach_mentions(cwd: Path, text: str, inside: bool = False) -> str:
+    """Text with each @path it mentions attached: a file's text (its head), a folder's listing; with `inside`, only
+    what lies in the working directory (a command file's mentions: it may be a repository's)."""
+    attached = []
+    for word in dict.fromkeys(re.findall(r"(?<!\S)@(\S+)", text)):
+        for name in dict.fromkeys((word, word.rstrip(".,;:!?)"))):
+            path = Path(cwd, os.path.expanduser(name))
+            if inside and not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(cwd)):
+                attached.append(f'<file path="{name}">[not attached: outside the working directory]</file>')
+                break
+            with contextlib.suppress(OSError):
+                if path.is_dir():
+                    entries = sorted(entry.name + "/" * entry.is_dir() for entry in os.scandir(path))
+                    body = "\n".join(entries[:LIST_LIMIT] + [f"[{len(entries) - LIST_LIMIT} more]"] *
+                                     (len(entries) > LIST_LIMIT))
+                else:
+                    body = read_small(path, READ_LIMIT, head=True)
+                attached.append(f'<file path="{name}">\n{body.removesuffix(chr(10))}\n</file>')
+                break
+    return "\n\n".join([text, *attached])
+
+
+def inline_output(agent: Agent, line: str) -> str:
+    """A custom command's !`command` output, if its PreToolUse hooks and the permission check (rules, mode, or the
+    user, asked) let it run."""
+    call = {"id": f"command_{os.urandom(4).hex()}", "type": "function",
+            "function": {"name": "Bash", "arguments": json.dumps({"command": line})}}
+    call, refused = admit(call, agent.tools, agent.ctx, agent.hooks)
+    if refused:
+        return f"[{line} was not run: {refused.removeprefix('Error: ')}]"
+    return settle(call, run_tool_call(call, agent.tools, agent.ctx._replace(confirm=None)), agent.hooks)  # asked
+
+
+def render_command(command: Command, arguments: str, cwd: Path, run: Callable[[str], str]) -> str:
+    """A custom command's prompt: $ARGUMENTS and $1... filled in, !`command` outputs inlined, @files attached."""
+    words = arguments.split()
+    def value(match: re.Match) -> str:
+        number = match.group(1)
+        return arguments if number is None else words[int(number) - 1] if 0 < int(number) <= len(words) else ""
+    body = re.sub(r"\$ARGUMENTS\b|\$(\d+)", value, command.body)
+    if body == command.body and arguments.strip():
+        body += f"\n\nARGUMENTS: {arguments}"
+    body = re.sub(r"!`([^`\n]+)`", lambda m: run(m.group(1)).removesuffix("\n[exit code 0]"), body)
+    return attach_mentions(cwd, body, inside=True)
+
+
 # --- Images and notebooks -------------------------------------------------------------------------
 
 
@@ -2831,10 +2906,41 @@ def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> li
 
 
 MCP_PROTOCOL = "2025-06-18"
+MCP_ANSWER_SECONDS = 10.0  # our answer to a server's own request (ping, roots/list) is written within this
 
 
 class McpError(Exception):
     """An MCP server failed, refused a request, or did not answer in time."""
+
+
+def in_time(chunks: Iterable[bytes], deadline: float, who: str) -> Iterator[bytes]:
+    """The chunks of a response until the deadline; McpError after it (keep-alives alone may come for ever)."""
+    for chunk in chunks:
+        if time.monotonic() > deadline:
+            raise McpError(f"{who} did not finish its answer in time")
+        yield chunk
+
+
+def sse_data(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The data of each server-sent event in a byte stream split anywhere, as it comes."""
+    pending, data = [], []
+    for chunk in chunks:
+        pending.append(chunk)
+        if b"\n" not in chunk:  # a long line comes in many pieces: join them once, when it ends
+            continue
+        *lines, rest = b"".join(pending).split(b"\n")
+        pending = [rest]
+        for line in lines:
+            line = line.removesuffix(b"\r")
+            if line.startswith(b"data:"):
+                data.append(line[5:].removeprefix(b" "))
+            elif not line and data:  # a blank line ends an event; ':' lines are comments (keep-alives)
+                yield b"\n".join(data).decode("utf-8", errors="replace")
+                data = []
+    if (tail := b"".join(pending).removesuffix(b"\r")).startswith(b"data:"):  # the stream ended mid-event
+        data.append(tail[5:].removeprefix(b" "))
+    if data:
+        yield b"\n".join(data).decode("utf-8", errors="replace")
 
 
 def expand_vars(value: Any, env: dict[str, str]) -> Any:
@@ -2873,14 +2979,14 @@ def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dic
 
 class McpServer:
     """One MCP server, over stdio (a child in its own process group) or streamable HTTP: the handshake, its
-    tools, calls with a time limit, and the requests it sends back (ping, roots/list)."""
+    tools, calls with a time limit, and the requests it sends back (ping, roots/list). Every wait, a write to a
+    server that stops reading and an answer that never ends included, keeps to its deadline."""
 
     def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
                  spawner: Spawner | None = None):
         self.name, self.spec, self.cwd, self.env, self.emit, self.spawner = name, spec, cwd, env, emit, spawner
         self.state, self.error, self.tools, self.proc, self.closed = "starting", "", [], None, False
         self.lock, self.writing, self.pending, self.ids = threading.Lock(), threading.Lock(), {}, itertools.count(1)
-        self.timeout = 10.0
         self.headers = {"Accept": "application/json, text/event-stream", **(spec.get("headers") or {})}
 
     def start(self, timeout: float) -> None:
@@ -2899,7 +3005,7 @@ class McpServer:
             if not isinstance(hello.get("protocolVersion", ""), str):
                 raise McpError("its answer to initialize is not of the protocol")
             self.headers["MCP-Protocol-Version"] = str(hello.get("protocolVersion") or MCP_PROTOCOL)
-            self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            self.send({"jsonrpc": "2.0", "method": "notifications/initialized"}, deadline)
             cursor, tools = None, []
             while True:
                 page = self.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
@@ -2908,13 +3014,15 @@ class McpServer:
                 tools += [t for t in page.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
                 if not (cursor := page.get("nextCursor")):
                     break
-            self.tools, self.state = tools, "connected"
-        except (McpError, OSError, requests.RequestException, ValueError) as error:
-            self.state, self.error = "failed", one_line(str(error), 160)
+            with self.lock:  # not when start-up gave up on it meanwhile
+                if self.state == "starting":
+                    self.tools, self.state = tools, "connected"
+        except (McpError, OSError, requests.RequestException, ValueError, RecursionError) as error:
+            self.fail(one_line(str(error), 160))
             self.stop()
 
     def spawn(self) -> None:
-        """The server's process, its output read by a thread, its stderr kept off the terminal."""
+        """The server's process, its output read by a thread, its stderr kept off the terminal, its exit watched."""
         env = {**self.env, **{k: str(v) for k, v in (self.spec.get("env") or {}).items()}}
         command = [self.spec["command"], *map(str, self.spec.get("args") or [])]
         with self.lock:  # stop() waits for a start under way, so a server is never left behind
@@ -2923,23 +3031,33 @@ class McpServer:
             self.proc = (self.spawner.popen if self.spawner else subprocess.Popen)(
                 command, cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True)
-        threading.Thread(target=self.read, daemon=True).start()
-        threading.Thread(target=self.log, daemon=True).start()
+        os.set_blocking(self.proc.stdin.fileno(), False)  # writes wait in select(), which keeps a deadline
+        for watch in (self.read, self.log, self.watch):
+            threading.Thread(target=watch, daemon=True).start()
 
     def read(self) -> None:
         """Take the server's messages: answers to our requests, its own requests, notifications."""
         for line in self.proc.stdout:
-            with contextlib.suppress(ValueError, AttributeError, TypeError, OSError):
-                self.take(json.loads(line))
-        if self.state == "connected":
-            self.state, self.error = "failed", "the server exited"
-        for slot in list(self.pending.values()):
-            slot.set()
+            with contextlib.suppress(ValueError, AttributeError, TypeError, OSError, RecursionError, McpError):
+                self.take(json.loads(line))  # a line that is no message (noise, or nested too deeply) is skipped
+        self.fail("the server closed its output")
 
     def log(self) -> None:
         """The server's stderr, for the trace and --verbose only."""
         for line in self.proc.stderr:
             self.emit({"type": "mcp_log", "server": self.name, "text": line.decode(errors="replace").rstrip()})
+
+    def watch(self) -> None:
+        """Fail the server when its process exits, though a child of it may hold its output open."""
+        self.fail(f"the server exited (code {self.proc.wait()})")
+
+    def fail(self, why: str) -> None:
+        """The server can no longer be used: keep the first reason, and wake every request waiting on it."""
+        with self.lock:
+            if self.state != "failed":
+                self.state, self.error = "failed", why
+        for slot in list(self.pending.values()):
+            slot.set()
 
     def take(self, message: dict) -> None:
         """One message from the server."""
@@ -2951,49 +3069,78 @@ class McpServer:
             answers = {"ping": {}, "roots/list": {"roots": [{"uri": self.cwd.as_uri(), "name": self.cwd.name}]}}
             method = message["method"]
             self.send({"jsonrpc": "2.0", "id": message["id"], **({"result": answers[method]} if method in answers else
-                       {"error": {"code": -32601, "message": f"{method} is not supported"}})})
+                       {"error": {"code": -32601, "message": f"{method} is not supported"}})},
+                      time.monotonic() + MCP_ANSWER_SECONDS)
         else:
             self.emit({"type": "mcp_log", "server": self.name, "text": one_line(json.dumps(message), 300)})
 
-    def send(self, message: dict) -> Any:
-        """Write a message to the server (stdio), or post it (http) and take what comes back."""
+    def send(self, message: dict, deadline: float) -> None:
+        """Write a message to the server (stdio) or post it (http), by the deadline."""
         if not self.proc:
-            return self.post(message)
-        with self.writing:
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
+            return self.post(message, deadline)
+        if not self.writing.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise McpError(f"MCP server {self.name} did not take a message in time")
+        try:
+            fd, data = self.proc.stdin.fileno(), memoryview(json.dumps(message).encode() + b"\n")
+            while data:
+                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                    self.fail("it stopped reading its input")  # half a message is in the pipe: it cannot go on
+                    raise McpError(f"MCP server {self.name} stopped reading its input")
+                with contextlib.suppress(BlockingIOError):
+                    data = data[os.write(fd, data):]
+        finally:
+            self.writing.release()
 
-    def post(self, message: dict) -> None:
-        """One message over streamable HTTP: the answer is JSON or server-sent events."""
-        response = requests.post(self.spec["url"], json=message, headers=self.headers, timeout=self.timeout)
-        if response.headers.get("Mcp-Session-Id"):
-            self.headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
-        if response.status_code >= 400:
-            raise McpError(f"HTTP {response.status_code} from {self.spec['url']}")
-        if "text/event-stream" in response.headers.get("Content-Type", ""):
-            lines = response.content.decode(errors="replace").splitlines()
-            bodies = [line[5:].strip() for line in lines if line.startswith("data:")]
-        else:
-            bodies = [response.content] if response.content.strip() else []
-        for body in bodies:
-            self.take(json.loads(body))
+    def post(self, message: dict, deadline: float) -> None:
+        """One message over streamable HTTP. The answer to a request (JSON or server-sent events) is read until
+        the message that answers it, and no later than the deadline: a stream may go on for ever."""
+        with requests.post(self.spec["url"], json=message, headers=self.headers, stream=True,
+                           timeout=max(0.01, deadline - time.monotonic())) as response:
+            if response.headers.get("Mcp-Session-Id"):
+                self.headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
+            if response.status_code >= 400:
+                raise McpError(f"HTTP {response.status_code} from {self.spec['url']}")
+            if "method" not in message or "id" not in message:  # a notification or an answer: nothing to read
+                return
+            chunks = in_time(response.iter_content(chunk_size=None), deadline, f"MCP server {self.name}")
+            events = "text/event-stream" in response.headers.get("Content-Type", "")
+            for data in sse_data(chunks) if events else [b"".join(chunks).decode("utf-8", errors="replace")]:
+                if isinstance(answer := json.loads(data) if data.strip() else None, dict):
+                    self.take(answer)
+                    if answer.get("id") == message["id"] and "method" not in answer:
+                        return
+
+    def deliver(self, message: dict, slot: threading.Event, deadline: float) -> None:
+        """Post a request and read its answer in a thread of its own, so the caller's wait keeps to the deadline;
+        a failure is the answer."""
+        try:
+            self.post(message, deadline)
+            if slot.message is None:
+                raise McpError(f"MCP server {self.name} ended its answer to {message['method']} without a result")
+        except Exception as error:  # the thread's edge: whatever went wrong is what the caller raises
+            slot.failure = error if isinstance(error, McpError) else McpError(str(error))
+        slot.set()
 
     def request(self, method: str, params: dict, timeout: float) -> dict:
         """A request's result; McpError for an error answer, a dead server or no answer in time."""
-        if self.state == "failed" or self.closed:
-            raise McpError(f"MCP server {self.name} is not running")
-        if timeout <= 0:
-            raise McpError(f"MCP server {self.name} did not finish {method} in time")
-        slot, number = threading.Event(), next(self.ids)
-        slot.message, self.pending[number], self.timeout = None, slot, timeout
+        deadline, slot, number = time.monotonic() + timeout, threading.Event(), next(self.ids)
+        slot.message, slot.failure, self.pending[number] = None, None, slot  # pending before the state is looked at
         try:
-            self.send({"jsonrpc": "2.0", "id": number, "method": method, "params": params})
+            if self.state == "failed" or self.closed:
+                raise McpError(f"MCP server {self.name} is not running")
+            if timeout <= 0:
+                raise McpError(f"MCP server {self.name} did not finish {method} in time")
+            message = {"jsonrpc": "2.0", "id": number, "method": method, "params": params}
+            if self.proc:
+                self.send(message, deadline)
+            else:
+                threading.Thread(target=self.deliver, args=(message, slot, deadline), daemon=True).start()
             if not slot.wait(timeout):
                 raise McpError(f"MCP server {self.name} did not answer {method} within {timeout:g} s")
         finally:
             self.pending.pop(number, None)
         if slot.message is None:
-            raise McpError(f"MCP server {self.name} is not running")
+            raise slot.failure or McpError(f"MCP server {self.name} is not running")
         if isinstance(slot.message.get("error"), dict):
             raise McpError(f"MCP server {self.name}: {one_line(slot.message['error'].get('message') or 'error')}")
         return slot.message.get("result") if isinstance(slot.message.get("result"), dict) else {}
@@ -3074,16 +3221,20 @@ def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], e
                   "not this machine and the sandbox's network is off (--sandbox-network on allows it)"})
     servers = [McpServer(name, spec, cfg.cwd, env, emit, spawner) for name, spec in specs if not offline(cfg, spec)]
     threads = [threading.Thread(target=s.start, args=(cfg.mcp_timeout,), daemon=True) for s in servers]
+    deadline = time.monotonic() + cfg.mcp_timeout + 0.5  # for all together; the half second lets a start say why
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
     except BaseException:
         for server in servers:
             server.stop()
         raise
-    for server in servers:
+    for server, thread in zip(servers, threads):
+        if thread.is_alive():  # a start that overran its deadline (its own waits keep to it: this is a backstop)
+            server.fail(f"it did not start within {cfg.mcp_timeout:g} s")
+            server.stop()
         if server.state != "connected":
             emit({"type": "notice", "text": f"MCP server {server.name} failed: {server.error}; going on without it"})
     return servers
@@ -3278,7 +3429,7 @@ EDITORS = ("Edit", "Write", "MultiEdit", "NotebookEdit")  # governed by Edit rul
 READERS = ("Read", "Glob", "Grep", "NotebookRead", "LS")  # governed by Read rules
 RULE_PATTERN = r"([A-Za-z][\w-]*(?:__\*)?)(?:\((.*)\))?"  # compiled on first use (re keeps it): start-up pays nothing
 SEPARATORS = ("&&", "||", ";;", "|&", ";", "|", "&", "\n")
-PLAIN_RUN = r"[^\\'\"$<>`&|;\n]*"  # characters that neither quote, substitute nor separate
+PLAIN_RUN = r"[^\\'\"$<>`&|;\n#]*"  # characters that neither quote, substitute, comment nor separate
 WRAPPERS = {"sudo", "command", "builtin", "exec", "nohup", "time", "nice", "env", "then", "do", "else", "if",
             "elif", "while", "until", "!", "{", "(", "xargs", "timeout"}  # what may stand before a denied command
 SUBCOMMANDS = {"git", "npm", "pnpm", "yarn", "bun", "cargo", "go", "docker", "kubectl", "pip", "pip3", "uv", "poetry",
@@ -3366,6 +3517,16 @@ def command_parts(command: str, depth: int = 0) -> list[str]:
         elif ch == "\\":
             current.append(command[i: i + 2])
             i += 2
+            continue
+        elif not quote and ch == "#" and (i == 0 or command[i - 1] in " \t\n;&|()"):  # a comment: to the line's end
+            i = command.find("\n", i) if "\n" in command[i:] else len(command)
+            continue
+        elif not quote and command.startswith("$'", i):  # an ANSI-C string: \' does not end it
+            end = i + 2
+            while end < len(command) and command[end] != "'":
+                end += 2 if command[end] == "\\" else 1
+            current.append(command[i: end + 1])
+            i = end + 1
             continue
         elif opener := next((o for o in ("$(", "<(", ">(", "`") if command.startswith(o, i)), None):
             end = closing(command, i, opener)
@@ -3884,11 +4045,32 @@ class Trust(NamedTuple):
     settings: bool = False  # the project's settings files may loosen rules and run hooks (approved, or none to approve)
 
 
+def committed(path: Path) -> bool:
+    """Whether git tracks a file, read from the repository's index without running git (whose config is the
+    repository's); True when that cannot be told."""
+    root = next((folder for folder in path.parents if (folder / ".git").exists()), None)
+    if root is None:
+        return False
+    try:
+        name = path.relative_to(root).as_posix().encode()
+        with open(os.open(root / ".git" / "index", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            data = f.read(1 << 26) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else b""
+    except (OSError, ValueError):
+        return (root / ".git").is_file()  # a worktree's index is elsewhere: cannot be told
+    at = data.find(name + b"\0")
+    while at >= 2:
+        if int.from_bytes(data[at - 2: at], "big") & 0xFFF == min(len(name), 0xFFF):  # the entry's name length
+            return True
+        at = data.find(name + b"\0", at + 1)
+    return False
+
+
 def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
     """Claude Code's keys from the user's ~/.claude/settings.json, the project's .claude/settings.local.json in the
     working directory and --settings (never its shared .claude/settings.json, which a repository brings): enable
     all, enabled and disabled names."""
     local = str(cfg.cwd / ".claude" / "settings.local.json")
+    local = "" if committed(Path(local)) else local  # one a repository brings is the repository's, not yours
     every, enabled, disabled = False, set(), set()
     for layer in cfg.settings:  # the later file wins enableAllProjectMcpServers
         if layer.scope in ("user", "flag") or layer.path == local:
@@ -4100,15 +4282,38 @@ def assistant_message(message: dict, turn: int, seen_ids: set[str]) -> dict:
     return message
 
 
+def stub(message: dict) -> dict:
+    """A tool result replaced by a note of how long it was."""
+    return {**message, "content": f"[removed to fit the context window: {len(message['content'])} characters of this "
+                                  "tool's output]"}
+
+
+def large_results(messages: list[dict]) -> list[int]:
+    """The positions of the tool results worth replacing with a stub, oldest first."""
+    return [i for i, m in enumerate(messages)
+            if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS]
+
+
 def shrink(messages: list[dict]) -> int:
     """Replace the older half of the large tool results with a stub; return how many were replaced."""
-    large = [i for i, m in enumerate(messages)
-             if m.get("role") == "tool" and len(m.get("content") or "") > STUB_MIN_CHARS]
+    large = large_results(messages)
     chosen = large[: max(1, len(large) // 2)]
     for i in chosen:
-        stub = f"[removed to fit the context window: {len(messages[i]['content'])} characters of this tool's output]"
-        messages[i] = {**messages[i], "content": stub}
+        messages[i] = stub(messages[i])
     return len(chosen)
+
+
+def cut_old_results(messages: list[dict], budget: int) -> int:
+    """Replace large tool results before the last reply's with a stub, oldest first, until the conversation's
+    estimated size fits `budget` tokens; return how many were replaced."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=0)
+    excess, count = len(encode({"messages": messages})) - 4 * budget, 0  # in bytes, as estimate_tokens counts
+    for i in large_results(messages[:last]):
+        if excess <= 0:
+            break
+        excess, count = excess - len(messages[i]["content"]), count + 1
+        messages[i] = stub(messages[i])
+    return count
 
 
 # --- The model client (the only HTTP) -------------------------------------------------------------
@@ -4202,9 +4407,10 @@ def judge(status: int, headers: Any, text: str) -> dict:
     wait = retry_after(headers.get("Retry-After"))
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError) as error:
         excerpt = one_line(text, 120) or "(empty)"
-        raise ApiError(f"HTTP {status}: the API sent a non-JSON reply: {excerpt}", status=status,
+        what = "reply nested too deeply" if isinstance(error, RecursionError) else f"non-JSON reply: {excerpt}"
+        raise ApiError(f"HTTP {status}: the API sent a {what}", status=status,
                        retryable=status == 200 or status in RETRY_STATUSES or status >= 500, retry_after=wait) from None
     error = body.get("error") if isinstance(body, dict) else None
     if status != 200 or error:
@@ -4229,16 +4435,22 @@ class Pieces(list):
     """The pieces of a streamed text, joined once at the end (joining as they come takes quadratic time)."""
 
 
+class Items(dict):
+    """A streamed list's items by (index, type): pieces of one item share both; settled in index order."""
+
+
 def merge_delta(into: dict, delta: dict) -> None:
-    """Add a streamed delta to what came before: text adds up, lists merge by their items' `index`, other
-    values are set (a null never replaces a value)."""
+    """Add a streamed delta to what came before: text adds up, list items merge with the earlier pieces of the
+    same item (same `index`; for reasoning details, also the same `type`), other values are set (a null never
+    replaces a value)."""
     for key, value in delta.items():
         if isinstance(value, list) and key in ("tool_calls", "reasoning_details"):
-            parts = into.setdefault(key, {})
+            items = into.setdefault(key, Items())
             for item in value:
                 if isinstance(item, dict):
-                    index = item.get("index", len(parts))
-                    merge_delta(parts.setdefault(index if isinstance(index, int) else len(parts), {}), item)
+                    index = item.get("index") if isinstance(item.get("index"), int) else len(items)
+                    kind = item.get("type") if key == "reasoning_details" else None
+                    merge_delta(items.setdefault((index, kind), {}), item)
         elif isinstance(value, dict) and isinstance(into.get(key, {}), dict):
             merge_delta(into.setdefault(key, {}), value)
         elif isinstance(value, str) and key in STREAMED_TEXT and isinstance(into.get(key), (str, Pieces)):
@@ -4252,8 +4464,8 @@ def settled(value: Any) -> Any:
     """A merged delta as a message field: pieces joined, merged lists back in their index order."""
     if isinstance(value, Pieces):
         return "".join(value)
-    if isinstance(value, dict) and value and all(isinstance(k, int) for k in value):
-        return [settled(value[k]) for k in sorted(value)]
+    if isinstance(value, Items):
+        return [settled(value[k]) for k in sorted(value, key=lambda k: k[0])]  # stable: arrival order within an index
     return {k: settled(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
@@ -4281,16 +4493,18 @@ class StreamedReply:
             if line.startswith(b"data:"):
                 self.data.append(line[5:].removeprefix(b" "))
             elif not line and self.data:  # a blank line ends an event; ':' comments are keep-alives
-                data, self.data = b"\n".join(self.data), []
+                data, self.data = b"\n".join(self.data).decode("utf-8", errors="replace"), []
+                if not data.strip():
+                    continue
                 try:
                     self.event(data)
                 except (TypeError, AttributeError, KeyError, ValueError, RecursionError, OverflowError):
-                    excerpt = one_line(data.decode(errors="replace"), 100)
+                    excerpt = one_line(data, 100)
                     raise ApiError(f"the API sent a malformed stream event: {excerpt}", retryable=True) from None
 
-    def event(self, data: bytes) -> None:
+    def event(self, data: str) -> None:
         """Take one event: a chunk of the reply, an error, or the end."""
-        if data.strip() == b"[DONE]":
+        if data.strip() == "[DONE]":
             self.done = True
             return
         chunk = json.loads(data)
@@ -4475,23 +4689,42 @@ class Transcript:
         except OSError as error:
             self.failed = True
             self.warn(f"this session is no longer saved: {error.strerror or error} ({self.path})")
+            with contextlib.suppress(OSError):  # a short line may still fit the file's last block: resuming says so
+                os.write(self.fd, json.dumps({"type": "unsaved", "error": str(error.strerror or error),
+                                              "time": datetime.datetime.now().astimezone().isoformat(
+                                                  timespec="seconds")}).encode() + b"\n")
 
-    def read(self, warn: Callable[[str], None]) -> list[dict]:
-        """The conversation as it last was; an unfinished last line is dropped from the file."""
+    def read(self, warn: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
+        """The messages as the file's lines leave them, and the same repaired; an unfinished last line is dropped
+        from the file."""
         data = os.pread(self.fd, os.fstat(self.fd).st_size, 0)
-        messages, whole = read_transcript(data, self.path, warn)
+        messages, started, whole = replay_transcript(data, self.path, warn)
+        fixed = repaired(messages, started, self.path)
         os.truncate(self.fd, whole)
-        return messages
+        return messages, fixed
 
 
 def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tuple[list[dict], int]:
-    """A transcript's conversation as it last was, and how many bytes of it are whole lines."""
+    """A transcript's conversation as it last was, repaired so a strict API takes it, and how many bytes of it are
+    whole lines."""
+    messages, started, whole = replay_transcript(data, path, warn)
+    return repaired(messages, started, path), whole
+
+
+def corrupt(path: Path) -> UsageError:
+    """The error for a transcript that cannot be read as one (it is left as it is)."""
+    return UsageError(f"{path} is corrupt (a line is not a message or an event of solo's); it was left as is")
+
+
+def replay_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tuple[list[dict], set[str], int]:
+    """The messages a transcript's lines leave, the ids of the tool calls that started, and how many bytes of it
+    are whole lines; UsageError for a file that is not a transcript solo can read."""
     lines = data.split(b"\n")
     if lines[-1]:  # killed in the middle of writing it
         warn(f"skipped the unfinished last line of {path}")
-    try:
-        entries = [json.loads(line) for line in lines[:-1]]
-    except ValueError:
+    try:  # bytes that are not UTF-8 are replaced, as everywhere else solo reads text
+        entries = [json.loads(line.decode("utf-8", errors="replace")) for line in lines[:-1]]
+    except (ValueError, RecursionError):
         raise UsageError(f"{path} is corrupt (a line is not JSON); it was left as is") from None
     header = entries[0] if entries and isinstance(entries[0], dict) else {}
     if header.get("type") != "header" or not isinstance(header.get("format"), int):
@@ -4499,24 +4732,55 @@ def read_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> tup
     if header["format"] > TRANSCRIPT_FORMAT:
         raise UsageError(f"{path} was written by a newer solo (format {header['format']}); update solo")
     messages: list[dict] = []
+    started: set[str] = set()
     try:
         for entry in entries[1:]:
             if not isinstance(entry, dict):
                 raise TypeError(entry)
             if "role" in entry:
                 messages.append(entry)
-            elif entry.get("type") == "truncate":
-                del messages[int(entry["keep"]):]
+            elif entry.get("type") == "truncate":  # what follows the first `keep` messages goes, `append` comes instead
+                messages[int(entry["keep"]):] = [dict(message) for message in entry.get("append") or []]
             elif entry.get("type") == "set":
                 messages[int(entry["index"])] = dict(entry["message"])
-        for message in messages:  # the tool calls that resuming answers and compaction reads
-            if not all(isinstance(call, dict) and isinstance(call.get("function"), dict)
-                       for call in message.get("tool_calls") or []):
-                raise TypeError(message)
+            elif entry.get("type") == "started":
+                started.update(entry["tool_call_ids"])
     except (TypeError, KeyError, IndexError, ValueError, AttributeError, OverflowError):
-        raise UsageError(f"{path} is corrupt (a line is not a message or an event of solo's); it was left as is") \
-            from None
-    return messages, len(data) - len(lines[-1])
+        raise corrupt(path) from None
+    if entries[-1].get("type") == "unsaved":  # every entry is a dict by now
+        warn(f"this session stopped being saved at {entries[-1].get('time')} ({entries[-1].get('error')}): what "
+             f"happened after that is not in it ({path})")
+    return messages, started, len(data) - len(lines[-1])
+
+
+UNSTARTED = "Error: the session ended before this tool call ran"
+UNFINISHED = ("Error: the session ended while this tool call was running: it may have done some or all of its work. "
+              "Check before repeating it.")
+
+
+def repaired(messages: list[dict], started: set[str], path: Path) -> list[dict]:
+    """The conversation as a strict API takes it: every tool call of a reply answered once, in order, right after
+    it (a result found elsewhere is moved there; a missing one says whether the call had started); a reply that
+    repeats the one before it and results that answer no call are dropped. UsageError for a call that is none."""
+    results: dict[str, list[dict]] = {}
+    for message in messages:
+        if message.get("role") == "tool":
+            results.setdefault(message.get("tool_call_id"), []).append(message)
+    fixed, previous = [], None
+    try:
+        for message in messages:
+            if message.get("role") == "tool" or (message.get("role") == "assistant" and message == previous):
+                continue
+            fixed.append(previous := message)
+            for call in message.get("tool_calls") or []:
+                if not isinstance(call["id"], str) or not isinstance(call["function"], dict):
+                    raise TypeError(call)
+                found = results.get(call["id"])
+                fixed.append(found.pop(0) if found else {"role": "tool", "tool_call_id": call["id"],
+                                                         "content": UNFINISHED if call["id"] in started else UNSTARTED})
+    except (TypeError, KeyError, AttributeError):
+        raise corrupt(path) from None
+    return fixed
 
 
 class Conversation(list):
@@ -4549,20 +4813,14 @@ class Conversation(list):
         self.note({"type": "truncate", "keep": len(self)})
 
     def __setitem__(self, index: Any, message: Any) -> None:
-        """Replace a message (an old tool result shrunk to fit the context)."""
+        """Replace a message (an old tool result shrunk to fit the context), or every message from one on
+        (`[n:] = messages`: a compaction, a repair): one line either way, so a crash leaves one side of it whole."""
         super().__setitem__(index, message)
         self.reads.clear()
-        self.note({"type": "set", "index": index, "message": message})
-
-
-def unanswered(messages: list[dict]) -> list[dict]:
-    """Results for the last reply's tool calls that never got one, so the conversation is valid again."""
-    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
-    if last is None:
-        return []
-    answered = {m.get("tool_call_id") for m in messages[last + 1:]}
-    return [{"role": "tool", "tool_call_id": c["id"], "content": "Error: the session ended before this tool call ran"}
-            for c in messages[last].get("tool_calls") or [] if c.get("id") not in answered]
+        if isinstance(index, slice):
+            self.note({"type": "truncate", "keep": index.start, "append": message})
+        else:
+            self.note({"type": "set", "index": index, "message": message})
 
 
 class Sessions:
@@ -4577,9 +4835,11 @@ class Sessions:
 
     def recent(self, asked: bool = False) -> Iterator[Path]:
         """The transcripts, most recent first; `asked`: only those with a prompt (not a session left at once)."""
-        paths = list(self.folder.glob("*.jsonl")) if self.folder and self.folder.is_dir() else []
-        paths.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-        return (p for p in paths if not asked or self.prompts(p)[0])
+        dated = []
+        for path in self.folder.glob("*.jsonl") if self.folder and self.folder.is_dir() else []:
+            with contextlib.suppress(OSError):  # deleted since it was listed (another solo pruned it)
+                dated.append((path.stat().st_mtime, path))
+        return (p for _, p in sorted(dated, reverse=True) if not asked or self.prompts(p)[0])
 
     def find(self, wanted: str | None) -> Path:
         """The transcript of an id or unique prefix (None: the most recent with a prompt); UsageError otherwise."""
@@ -4628,14 +4888,21 @@ class Sessions:
                     raise UsageError(f"cannot go on with {path}: {error.strerror or error}") from None
                 warn(f"this session is not saved: {error.strerror or error} ({path})")
         try:
-            if resume and not going_on:
+            if going_on:
+                lines, messages = transcript.read(warn)
+                conversation = Conversation(lines, transcript)
+                if messages != lines:  # the repair is saved, so later events count positions in it
+                    same = next(i for i, (a, b) in enumerate(itertools.zip_longest(lines, messages)) if a != b)
+                    conversation[same:] = messages[same:]
+                return conversation
+            if resume:
                 messages = read_transcript(read_small(resume, 1 << 30).encode(), resume, warn)[0]
-            conversation = Conversation(transcript.read(warn) if going_on else (), transcript)
-            if transcript and not going_on:
+            conversation = Conversation((), transcript)
+            if transcript:
                 transcript.write({"type": "header", "format": TRANSCRIPT_FORMAT, "version": VERSION,
                                   "session_id": session_id, "cwd": str(self.cfg.cwd), "model": self.cfg.model,
                                   "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
-            for message in ([] if going_on else messages) + unanswered(conversation if going_on else messages):
+            for message in messages:
                 conversation.append(message)
         except BaseException:
             if transcript:
@@ -4705,7 +4972,8 @@ class Compactor:
                  usage: Usage | None = None):
         self.model, self.info, self.emit, self.usage = model, info, emit, usage or Usage()
         self.windows: dict[str, int] = {}  # by model: learned from a refusal or the model list
-        self.failures, self.after = 0, 0  # summaries that failed in a row; tokens left by the last compaction
+        self.failures, self.after = 0, 0  # summaries that failed in a row; tokens at the last compaction or failure
+        self.told = False  # that the window cannot hold even the fixed part of the conversation
         self.hook: Callable[[str, str, bool], None] | None = None  # PreCompact and SessionStart hooks: before, after
 
     def size(self, cfg: Config) -> int:
@@ -4733,14 +5001,50 @@ class Compactor:
                               str(refusal)):
             self.windows[cfg.model] = int(found.group(1).replace(",", ""))
 
-    def compact(self, cfg: Config, messages: list[dict], tokens: int, trigger: str = "auto", focus: str = "") -> bool:
+    def compact(self, cfg: Config, messages: list[dict], tokens: int, trigger: str = "auto", focus: str = "",
+                specs: list[dict] = ()) -> bool:
         """Replace the history with the model's summary of it, the user's latest request word for word and the
-        recent tool work that fits a quarter of the window; False when no summary came (twice: never again)."""
-        if self.failures >= 2 or (cfg.compact_at >= 1 and trigger == "auto"):
+        recent tool work that fits a quarter of the window. False when there is no summary: it failed, or (when
+        automatic) one failed and the conversation has not grown a tenth of the window since, or the window cannot
+        hold even the system prompt, the tools and the latest request."""
+        if cfg.compact_at >= 1 and trigger == "auto":
             return False
         if self.hook:
             self.hook(trigger, focus, False)
         window, latest = self.size(cfg), max(i for i, m in enumerate(messages) if m["role"] in ("user", "system"))
+        if trigger == "auto" and self.failures and tokens <= self.after + window // 10:
+            return False  # a failed summary is asked again once the conversation has grown
+        request = content_text(messages[latest]) if latest else ""
+        request = request.partition(LATEST + "\n")[2] if request.startswith(COMPACTED) else request  # not nested
+        fixed = estimate_tokens([messages[0], {"role": "user", "content": request}]) + len(encode({"t": specs})) // 4
+        if fixed + min(window // 10, 16_000) > window:
+            why = "" if self.told else (f"the context window of {window} tokens cannot hold even the system prompt, "
+                                        f"the tools and the latest request (about {fixed} tokens) and room for an "
+                                        "answer: compacting cannot help, so no summary was asked for")
+            self.told = True
+            return self.failed(tokens, why)
+        if not (summary := self.summarise(cfg, messages, window, focus)):
+            return self.failed(tokens, "the conversation could not be summarised; it will be tried again once the "
+                               "conversation has grown by a tenth of the context window")
+        self.failures, self.told, tail = 0, False, messages[latest + 1:]
+        starts = [i for i, m in enumerate(tail) if m["role"] == "assistant"]
+        kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
+        todos = getattr(messages, "todos", None)
+        todos = f"\n\n[Your to-do list (TodoWrite):]\n{checklist(todos)}" if todos else ""
+        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}{todos}"}
+        if isinstance(messages, Conversation):
+            messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
+        messages[1:] = [summary_message, *kept]  # one transcript line: a crash leaves the old or the new, whole
+        if isinstance(messages, Conversation):  # a turn that fails later may drop no more than this
+            messages.compactions, messages.floor = messages.compactions + 1, len(messages)
+        self.after = estimate_tokens(messages)
+        self.emit({"type": "compact_boundary", "trigger": trigger, "tokens_before": tokens, "tokens_after": self.after})
+        if self.hook:
+            self.hook(trigger, focus, True)
+        return True
+
+    def summarise(self, cfg: Config, messages: list[dict], window: int, focus: str) -> str:
+        """The model's summary of a conversation, asked in a request that fits the window; "" when none came."""
         budget = (window - min(window // 10, 16_000)) * 2  # characters: about half of what fits
         ask = SUMMARY_ASK + (f" Focus on: {focus}" if focus else "")
         history = f"<conversation>\n{history_text(messages, budget)}\n</conversation>\n\n{ask}"
@@ -4750,35 +5054,30 @@ class Compactor:
         try:
             reply = self.model(body)
             self.usage.add(reply.get("usage"), cfg.model)
-            summary = content_text(first_choice(reply)["message"]).strip()
+            return content_text(first_choice(reply)["message"]).strip()
         except ApiError as error:
-            summary = ""
             self.emit({"type": "notice", "text": f"the summary request failed: {error}"})
-        if not summary:
-            self.failures += 1
-            self.emit({"type": "notice", "text": "the conversation could not be summarised" + (
-                "; from now on old tool results are cut instead" if self.failures >= 2 else "")})
-            return False
-        self.failures, tail = 0, messages[latest + 1:]
-        starts = [i for i, m in enumerate(tail) if m["role"] == "assistant"]
-        kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
-        request = content_text(messages[latest]) if latest else ""
-        request = request.partition(LATEST + "\n")[2] if request.startswith(COMPACTED) else request  # not nested
-        todos = getattr(messages, "todos", None)
-        todos = f"\n\n[Your to-do list (TodoWrite):]\n{checklist(todos)}" if todos else ""
-        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}{todos}"}
-        if isinstance(messages, Conversation):
-            messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
-        del messages[1:]
-        for message in (summary_message, *kept):
-            messages.append(message)
-        if isinstance(messages, Conversation):  # a turn that fails later may drop no more than this
-            messages.compactions, messages.floor = messages.compactions + 1, len(messages)
-        self.after = estimate_tokens(messages)
-        self.emit({"type": "compact_boundary", "trigger": trigger, "tokens_before": tokens, "tokens_after": self.after})
-        if self.hook:
-            self.hook(trigger, focus, True)
-        return True
+            return ""
+
+    def failed(self, tokens: int, why: str) -> bool:
+        """Note a compaction that did not happen, saying why: the next waits until the conversation has grown."""
+        self.failures, self.after = self.failures + 1, tokens
+        if why:
+            self.emit({"type": "notice", "text": why})
+        return False
+
+    def fit(self, cfg: Config, messages: list[dict], tokens: int, specs: list[dict]) -> None:
+        """Before a request: compact a conversation past the threshold; while that fails, cut its old tool results
+        so that it stays within the threshold all the same."""
+        if self.due(cfg, tokens) and self.compact(cfg, messages, tokens, specs=specs):
+            return
+        if not self.failures:
+            return
+        window, before = self.size(cfg), estimate_tokens(messages)
+        if cut := cut_old_results(messages, int(cfg.compact_at * window) - min(window // 10, 16_000)):
+            self.after -= before - estimate_tokens(messages)  # what was cut is no growth: a summary is asked again
+            self.emit({"type": "notice", "text": f"the conversation is not summarised: {cut} old tool results were "
+                                                 "replaced with a short note to keep it within the context window"})
 
 
 # --- The agent loop -------------------------------------------------------------------------------
@@ -4828,8 +5127,9 @@ class Usage:
     def line(self) -> str:
         """A one-line summary for stderr."""
         cost = f", ${self.cost:.4f}" if self.cost is not None else ""
-        return (f"{self.requests} requests, {self.prompt_tokens} prompt tokens ({self.cached_tokens} cached, "
-                f"{self.cache_write_tokens} cache writes), {self.completion_tokens} completion tokens{cost}")
+        return (f"{self.requests} request{'s' * (self.requests != 1)}, {self.prompt_tokens} prompt tokens "
+                f"({self.cached_tokens} cached, {self.cache_write_tokens} cache writes), {self.completion_tokens} "
+                f"completion tokens{cost}")
 
 
 class Outcome(NamedTuple):
@@ -4858,7 +5158,7 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
                 raise
             if compactor:
                 compactor.learn(cfg, refusal)
-            if compactor and compactor.compact(cfg, messages, tokens or estimate_tokens(messages)):
+            if compactor and compactor.compact(cfg, messages, tokens or estimate_tokens(messages), specs=specs):
                 continue
             if not (replaced := shrink(messages)):
                 raise
@@ -4930,6 +5230,8 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
         group = list(group)
         for start in range(0, len(group), size):
             batch, started = group[start: start + size], time.monotonic()
+            if isinstance(messages, Conversation) and not messages.sidechain:  # a resume after a crash tells the model
+                messages.note({"type": "started", "tool_call_ids": [call["id"] for call in batch]})
             for call in batch:
                 emit({"type": "tool_call", "id": call["id"], "name": call["function"]["name"],
                       "arguments": call["function"]["arguments"]})
@@ -5024,8 +5326,8 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
     for turn in itertools.count(1):
         if cfg.max_turns and turn > cfg.max_turns:
             return Outcome("", "error_max_turns", cfg.max_turns)
-        if compactor and compactor.due(cfg, tokens):
-            compactor.compact(cfg, messages, tokens)
+        if compactor:
+            compactor.fit(cfg, messages, tokens, specs)
         response = request_reply(cfg, messages, specs, model, emit, compactor, tokens)
         before = usage.prompt_tokens
         usage.add(response.get("usage"), cfg.model)
@@ -5089,6 +5391,7 @@ class Agent:
                 f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
         self.shells, self.asking = Shells(), threading.Lock()  # asking: one permission question at a time
         self.turns = 0  # prompts run: a sub-agent left running by a cancelled one stops at its next step
+        self.commands = discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))  # .claude/commands
         sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
@@ -5256,18 +5559,23 @@ class Agent:
         if verdict.block or verdict.stop is not None:
             raise PromptBlocked(f"a UserPromptSubmit hook blocked the prompt: {verdict.block or verdict.stop}")
         invoked, rest = split_invocation(prompt, self.skills)
+        extra = ([f"<stdin>\n{context}\n</stdin>"] if context else []) + \
+            ([PLAN_NOTE] if self.cfg.permission_mode == "plan" else [])
+        mark = len(messages)
+        if any(s.fork for s in invoked):  # saved before a sub-agent runs: a crash meanwhile keeps the prompt
+            messages.append({"role": "user", "content": "\n\n".join([prompt, *extra])})
         parts = [prompt] if not invoked else [
             f"The skill {s.name} ran as a sub-agent and returned:\n{self.fork(render_skill(s, rest))}"
             if s.fork else render_skill(s, rest) for s in invoked
         ]
-        if context:
-            parts.append(f"<stdin>\n{context}\n</stdin>")
-        parts += [f"<hook-context>\n{text}\n</hook-context>" for text in [*self.context, verdict.context] if text]
+        hooked = [f"<hook-context>\n{text}\n</hook-context>" for text in [*self.context, verdict.context] if text]
         self.context = []
-        if self.cfg.permission_mode == "plan":
-            parts.append(PLAN_NOTE)
-        text, images = "\n\n".join(parts), list(images)
-        messages.append({"role": "user", "content": [{"type": "text", "text": text}, *images] if images else text})
+        text, images = "\n\n".join(parts + extra + hooked), list(images)
+        request = {"role": "user", "content": [{"type": "text", "text": text}, *images] if images else text}
+        if len(messages) > mark:
+            messages[mark] = request
+        else:
+            messages.append(request)
         try:
             return self.run(messages)
         finally:
@@ -5639,7 +5947,7 @@ class Reporter:
             with contextlib.suppress(ValueError):
                 self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"],
                                      "tool_input": parse_arguments(event["arguments"])})
-        if kind == "tool_result" and (self.cfg.verbose or self.interactive):
+        if kind == "tool_result" and self.cfg.verbose and not self.interactive:  # a session draws its own
             outcome = "error" if event["is_error"] else "ok"
             who = f"[{event['agent']}] " if event.get("agent") else ""
             self.say(f"{who}{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
@@ -5779,6 +6087,12 @@ def choose_session(args: argparse.Namespace, cfg: Config, stdin: Any,
     return cfg._replace(session_id=session_id), target or None
 
 
+def stopped_message(outcome: Outcome) -> str:
+    """Which limit stopped a prompt, in words."""
+    limit = "--max-turns" if outcome.subtype == "error_max_turns" else "--max-cost"
+    return f"stopped: the {limit} limit was reached after {outcome.turns} turn{'s' * (outcome.turns != 1)}"
+
+
 def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams, started: float,
              resume: Path | None = None, fork: bool = False) -> int:
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
@@ -5793,15 +6107,18 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
                              "permissionMode": mode, "sandbox": cfg.sandbox, "version": VERSION, "uuid": new_uuid()})
     outcome, error, code = None, "", EXIT_OK
     try:
-        outcome = agent.ask(agent.conversation(resume, fork), prompt, context)
+        conversation = agent.conversation(resume, fork)
+        if command := agent.commands.get(prompt.partition(" ")[0][1:]) if prompt.startswith("/") else None:
+            prompt = render_command(command, prompt.partition(" ")[2], cfg.cwd, functools.partial(inline_output, agent))
+            agent.cfg = cfg._replace(model=command.model or cfg.model)
+        outcome = agent.ask(conversation, prompt, context)
     except (AgentError, KeyboardInterrupt, Terminated) as exc:
         code, error = exit_status(exc)
         reporter.say(error)
     finally:
         agent.close()
     if outcome and outcome.subtype != "success":
-        limit = "--max-turns" if outcome.subtype == "error_max_turns" else "--max-cost"
-        error, code = f"stopped: the {limit} limit was reached after {outcome.turns} turns", EXIT_LIMIT
+        error, code = stopped_message(outcome), EXIT_LIMIT
         reporter.say(error)
     if cfg.verbose:
         reporter.say(f"done: {reporter.turns} turns, {agent.usage.line()}")
@@ -5812,33 +6129,416 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     return code
 
 
-SESSION_HELP = """Commands: /help this text, /clear start a new conversation, /model [NAME] show or switch the model,
-/cost tokens and cost so far, /compact [FOCUS] summarise the conversation so far,
-/sessions this directory's sessions, /resume go on with one of them, /mcp the MCP servers,
-/trust forget your answers about this folder's .mcp.json servers, outside imports and settings (the next session
-asks), /permissions the permission rules in force and where each comes from,
-/mode [default|acceptEdits|plan|bypassPermissions] show or set what runs without asking,
-/agents the sub-agent types, /bashes the background shells. A pasted image path attaches the image,
-/exit leave (Ctrl-D too). Ctrl-C cancels a running turn or clears the line."""
+# --- Terminal -------------------------------------------------------------------------------------
+# What a session draws: ANSI sequences of solo's own, only on terminals that take them (TERM not dumb, NO_COLOR
+# unset); pipes get the text byte for byte. Patterns are compiled on first use, so -p starts as before.
+
+SGR = {"bold": "1", "italic": "3", "under": "4", "red": "31", "green": "32", "magenta": "35", "cyan": "36",
+       "grey": "90"}
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+CHECKPOINT_BYTES = 1 << 20  # a file larger than this is not kept by a checkpoint
+RESULT_LINES = 8  # lines of a tool's output shown under its line: the first and the last
+KEYWORDS = {  # highlighted in fenced code blocks; C, Java, Go, Rust and their kin share a list
+    "python": "and as assert async await break class continue def del elif else except False finally for from global "
+              "if import in is lambda None not or pass raise return self True try while with yield",
+    "js": "async await break case catch class const continue default do else export extends false finally for from "
+          "function if import in instanceof let new null return static super switch this throw true try type typeof "
+          "undefined var while yield",
+    "c": "bool break case catch char class const continue default do double else enum false fn float for func if impl "
+         "import int interface let long match mut namespace new nil null package private pub public return self "
+         "static struct switch this throw true try type typedef unsigned use using var void while",
+    "sh": "case do done echo elif else esac exit export fi for function if in local return then until while",
+}
+LANGUAGES = {**dict.fromkeys(("py", "python3"), "python"), **dict.fromkeys(("bash", "shell", "zsh", "console"), "sh"),
+             **dict.fromkeys(("javascript", "jsx", "ts", "tsx", "typescript"), "js"),
+             **dict.fromkeys(("cpp", "c++", "h", "java", "go", "golang", "rust", "rs", "cs", "kotlin", "swift"), "c")}
+
+
+def paint(text: str, *styles: str) -> str:
+    """Text in ANSI styles, reset after."""
+    return f"\033[{';'.join(SGR[s] for s in styles)}m{text}\033[0m" if styles and text else text
+
+
+def width_of(text: str) -> int:
+    """The columns a drawn text takes (its escape sequences take none)."""
+    return len(re.sub(r"\033\[[0-9;]*m", "", text))
+
+
+@functools.cache
+def code_pattern(language: str) -> re.Pattern:
+    """A language's comments, strings and keywords, as one pattern."""
+    comment = r"#.*" if language in ("python", "sh") else r"//.*|/\*.*?\*/"
+    return re.compile(rf"(?P<grey>{comment})|(?P<green>\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`)"
+                      rf"|(?P<magenta>\b(?:{'|'.join(KEYWORDS[language].split())})\b)")
+
+
+@functools.cache
+def inline_pattern() -> re.Pattern:
+    """Markdown's inline spans: code, bold, italic, links."""
+    return re.compile(r"`([^`]+)`|\*\*(.+?)\*\*|__(.+?)__|(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?!\w)"
+                      r"|(?<!\w)_(?!\s)(.+?)(?<!\s)_(?!\w)|\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def inline(text: str) -> str:
+    """A line's inline Markdown drawn: `code` cyan, **bold**, *italic*, [links](url) underlined."""
+    def span(m: re.Match) -> str:
+        code, bold, bold2, italic, italic2, label, url = m.groups()
+        if code is not None or label is not None:
+            return paint(code, "cyan") if code is not None else paint(label, "under") + paint(f" ({url})", "grey")
+        return paint(inline(bold or bold2), "bold") if bold or bold2 else paint(inline(italic or italic2), "italic")
+    return inline_pattern().sub(span, text)
+
+
+class Markdown:
+    """Markdown drawn for a terminal as it streams: a line once complete, a code block or table once ended."""
+
+    def __init__(self) -> None:
+        self.partial, self.fence, self.language, self.held = "", "", "", []  # held: a code block's or table's lines
+
+    def feed(self, text: str, end: bool = False) -> str:
+        """Take a piece of the text; return what can be drawn now (all of it at the end)."""
+        *lines, self.partial = (self.partial + text + "\n" * (end and bool(self.partial + text))).split("\n")
+        return "".join(map(self.line, lines)) + (self.close() if end else "")
+
+    def line(self, line: str) -> str:
+        """One complete line, drawn, or held back in a code block or a table."""
+        if self.fence:
+            return self.close() if line.strip().startswith(self.fence) else self.held.append(line) or ""
+        if fence := re.match(r"\s*(```+|~~~+)\s*([\w+#.-]*)", line):
+            drawn, self.fence, self.language = self.close(), fence.group(1), fence.group(2).lower()
+            return drawn
+        if line.lstrip().startswith("|"):
+            return self.held.append(line.strip()) or ""
+        drawn = self.close()
+        if heading := re.match(r"(#{1,6})\s+(.*)", line):
+            return drawn + paint(inline(heading.group(2)), "bold", *["under"][:len(heading.group(1)) == 1]) + "\n"
+        if quote := re.match(r"\s*>\s?(.*)", line):
+            return drawn + paint("│ ", "grey") + paint(inline(quote.group(1)), "italic") + "\n"
+        if re.fullmatch(r"\s*([-*_])(\s*\1){2,}\s*", line):
+            return drawn + paint("─" * 40, "grey") + "\n"
+        return drawn + re.sub(r"^(\s*)[-*+]\s+", r"\1• ", inline(line)) + "\n"
+
+    def close(self) -> str:
+        """The code block (framed, highlighted) or the table (aligned) held back, drawn."""
+        held, self.held, language = self.held, [], LANGUAGES.get(self.language, self.language)
+        if self.fence:
+            self.fence = ""
+            code = [code_pattern(language).sub(lambda m: paint(m.group(), m.lastgroup), line)
+                    if language in KEYWORDS else line for line in held]
+            return "".join(f"{paint('│', 'grey')} {line}\n" for line in code).join(
+                (paint(f"╭─ {self.language}", "grey") + "\n", paint("╰─", "grey") + "\n"))
+        rows = [[inline(c.strip()) for c in row.strip("|").split("|")] for row in held]
+        rules = [bool(re.fullmatch(r"[|:\s-]+", row)) for row in held]
+        widths = [max((width_of(r[i]) for r, rule in zip(rows, rules) if i < len(r) and not rule), default=1)
+                  for i in range(max(map(len, rows), default=0))]
+        rule = paint("─┼─".join("─" * w for w in widths), "grey") + "\n"
+        return "".join(rule if is_rule else paint(" │ ", "grey").join(
+            c + " " * (w - width_of(c)) for c, w in zip(row + [""] * len(widths), widths)).rstrip() + "\n"
+            for row, is_rule in zip(rows, rules))
+
+
+def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> str:
+    """A change as shown: '--- +++', then at most DIFF_LINES numbered rows ('  12 -was'), coloured if asked."""
+    import difflib  # only when a change is shown: it costs start-up time
+    rows, at = [], [0, 0]
+    for line in list(difflib.unified_diff((old or "").splitlines(), new.splitlines(), lineterm="", n=1))[2:]:
+        if hunk := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", line):
+            at = [int(hunk.group(1)) or 1, int(hunk.group(2)) or 1]
+        sign = line[:1] if not hunk else "@"
+        row, style = visible(line if hunk else f"{at[sign != '-']:4} {line}"), {"-": "red", "+": "green"}.get(sign)
+        rows.append(paint(row, style) if colour and style else row)
+        at = [at[0] + (sign in " -"), at[1] + (sign in " +")]
+    more = [f"[... {len(rows) - DIFF_LINES} more lines of the change not shown]"] * (len(rows) > DIFF_LINES)
+    return "\n".join([f"--- {'/dev/null' if old is None else visible(path)}", f"+++ {visible(path)}",
+                      *rows[:DIFF_LINES], *more])
+
+
+def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
+    """The file a Write or Edit names, whether it exists, and its bytes (None when unreadable or too large)."""
+    path = Path(cwd, os.path.expanduser(str(args.get("file_path", ""))))
+    with contextlib.suppress(OSError):
+        if path.is_file() and path.stat().st_size <= CHECKPOINT_BYTES:
+            return path, True, path.read_bytes()
+    return path, path.exists(), None
+
+
+def result_summary(name: str, args: dict, content: str) -> list[str]:
+    """A few lines saying what a call gave: output's first and last lines, an error, a Read's range, a count."""
+    lines = re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).split("\n")
+    if name == "Read" and not content.startswith("Error:"):
+        count, first = sum(not line.startswith("[Showing") for line in lines), int(args.get("offset") or 1)
+        return [f"read lines {first}-{first + count - 1}"]
+    if name in ("Grep", "Glob") and not content.startswith(("Error:", "No ")):
+        count = sum(bool(line) and not line.startswith("[") for line in lines)
+        return [f"{count} {'line' if name == 'Grep' else 'file'}{'s' * (count != 1)}"]
+    lines = lines if name == "Bash" or content.startswith("Error:") else lines[:1]
+    if len(lines) > RESULT_LINES:
+        lines = [*lines[:RESULT_LINES // 2], f"… +{len(lines) - RESULT_LINES} lines", *lines[-RESULT_LINES // 2:]]
+    return [visible(one_line(line, 200)) for line in lines]
+
+
+class Display(Reporter):
+    """A session's screen: tool calls as they start and end, diffs, Markdown as it streams, a status line."""
+
+    def __init__(self, cfg: Config, streams: Streams, env: dict[str, str]):
+        fancy = env.get("TERM", "dumb") not in ("", "dumb") and "NO_COLOR" not in env
+        super().__init__(cfg, streams, interactive=True, fancy=fancy)
+        self.width, self.lock = 80, threading.RLock()
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.width = os.get_terminal_size(streams.stderr.fileno()).columns or 80
+        self.markdown = Markdown() if fancy and is_terminal(streams.stdout) else None
+        self.activity, self.since, self.status = "", 0.0, False  # what the status line shows, since when, if shown
+        self.tokens = self.chars = 0  # completion tokens of this session's replies; characters of the one coming
+        self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
+        self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
+
+    def paint(self, text: str, *styles: str) -> str:
+        """Text in styles, on a terminal that shows them."""
+        return paint(text, *styles) if self.fancy else text
+
+    def put(self, text: str, stream: Any = None) -> None:
+        """Text on stderr (or stdout), above the status line."""
+        with self.lock, contextlib.suppress(OSError):
+            if not text:
+                return
+            self.clear()
+            (stream or self.streams.stderr).write(text)
+            (stream or self.streams.stderr).flush()
+            self.draw()
+
+    def say(self, text: str) -> None:
+        """A note on stderr, above the status line."""
+        with self.lock:
+            self.clear()
+            super().say(text)
+            self.draw()
+
+    def thinking(self, on: bool) -> None:
+        """The status line says what happens instead."""
+
+    def clear(self) -> None:
+        """Take the status line off the screen."""
+        if self.status:
+            self.streams.stderr.write("\r\033[K")
+            self.status = False
+
+    def draw(self) -> None:
+        """Draw the status line: spinner, what runs, seconds, tokens, how to stop it."""
+        with self.lock, contextlib.suppress(OSError):
+            if self.fancy and self.activity:
+                seconds = time.monotonic() - self.since
+                text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
+                        f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
+                self.streams.stderr.write("\r\033[K" + paint(text[:self.width - 1], "grey"))
+                self.streams.stderr.flush()
+                self.status = True
+
+    def working(self, activity: str, since: float | None = None) -> None:
+        """Say on the status line what is happening now ("" when nothing is)."""
+        with self.lock:
+            self.activity, self.since = activity, time.monotonic() if since is None else since
+            self.clear() if not activity else self.draw()
+
+    @contextlib.contextmanager
+    def question(self) -> Iterator[None]:
+        """While the user answers: no status line, and the time is not counted as a tool's."""
+        activity, since, started = self.activity, self.since, time.monotonic()
+        self.working("")
+        try:
+            yield
+        finally:
+            self.asked += time.monotonic() - started
+            self.working(activity, since + time.monotonic() - started)
+
+    def end_turn(self) -> None:
+        """The turn is over (or cancelled): no status line, half-drawn answer or running call."""
+        self.working("")
+        self.calls.clear()
+        self.markdown = self.markdown and Markdown()
+
+    def __call__(self, event: dict) -> None:
+        """Take one event, drawing tool calls and the end of a reply (a sub-agent's show as single lines)."""
+        with self.lock:
+            if event.get("agent"):
+                return super().__call__(event)
+            if event["type"] == "assistant":
+                self.tokens += int((event.get("usage") or {}).get("completion_tokens") or 0) or self.chars // 4
+                self.chars = 0
+                self.put(self.markdown.feed("", end=True), self.streams.stdout) if self.markdown else None
+            elif event["type"] in ("tool_call", "tool_result"):
+                self.start_call(event) if event["type"] == "tool_call" else self.end_call(event)
+            elif event["type"] == "request":
+                self.working("thinking")
+            super().__call__(event)
+
+    def delta(self, delta: dict) -> None:
+        """A piece of the answer: drawn as Markdown line by line on a terminal, as it comes elsewhere."""
+        text = delta.get("content")
+        self.chars += len(text) if isinstance(text, str) else 0
+        with self.lock:
+            if not self.markdown or not isinstance(text, str):
+                self.clear()
+                return super().delta(delta)
+            self.streamed = True
+            self.put(self.markdown.feed(for_terminal(text, self.streams.stdout)), self.streams.stdout)
+
+    def answer(self, text: str) -> None:
+        """A whole answer, drawn as Markdown on a terminal."""
+        if not self.markdown:
+            return super().answer(text)
+        self.put(Markdown().feed(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout), end=True),
+                 self.streams.stdout)
+
+    def start_call(self, event: dict) -> None:
+        """A tool call's line, as it starts; a file's content before a change, for its diff."""
+        try:
+            args = parse_arguments(event["arguments"])
+        except ValueError:
+            args = {}
+        what = next((args[k] for k in ("command", "file_path", "pattern", "url") if isinstance(args.get(k), str)),
+                    json.dumps(args, ensure_ascii=False))
+        label = f"{event['name']}({visible(one_line(what, 80))})"
+        before = file_before(self.cfg.cwd, args)[1:] if event["name"] in ("Write", "Edit") else (False, None)
+        self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
+        self.put(self.paint("● ", "green") + self.paint(label, "bold") + "\n")
+        self.shown = event["id"]
+        self.working(label)
+
+    def end_call(self, event: dict) -> None:
+        """A tool call's result in a few lines (a file change as its diff, unless asked about), and its time."""
+        label, started, asked, (existed, old), args = self.calls.pop(event["id"])
+        seconds = time.monotonic() - started - (self.asked - asked)
+        name, path, self.last = event["name"], str(args.get("file_path")), f"{label}\n{event['content']}"
+        rows = result_summary(name, args, event["content"])
+        if name in ("Write", "Edit") and not event["is_error"]:
+            rows, after = [f"{'changed' if existed else 'created'} {visible(path)}"], file_before(self.cfg.cwd, args)[2]
+            if asked == self.asked and after is not None and (old is not None or not existed):  # not asked: shown now
+                old = None if old is None else old.decode(errors="replace")
+                rows += shown_diff(path, old, after.decode(errors="replace"), self.fancy).split("\n")
+        rows[0] += self.paint(f" ({seconds:.1f} s)", "grey")
+        head = "" if self.shown == event["id"] else self.paint("● ", "green") + self.paint(label, "bold") + "\n"
+        rows = [self.paint(row, "red") if event["is_error"] else row for row in rows]
+        self.put(head + "\n".join(("  ⎿ " if i == 0 else "    ") + row for i, row in enumerate(rows)) + "\n")
+        self.shown = event["id"]
+        self.working("thinking" if not self.calls else self.activity)
+
+
+class Keys:
+    """The terminal during a turn, read by a thread: Esc interrupts, other keys wait for the next prompt."""
+
+    def __init__(self, fd: int | None, tick: Callable[[], None]):
+        self.fd, self.tick, self.kept, self.thread, self.saved = fd, tick, "", None, None
+        self.wake = os.pipe() if fd is not None else (-1, -1)
+
+    def start(self) -> None:
+        """Take the terminal (Ctrl-C still sends SIGINT) and start reading it."""
+        import termios
+        if self.fd is not None and not self.thread:
+            with signals_held(), contextlib.suppress(termios.error):  # a Ctrl-C lands after: the pair stays whole
+                self.saved = termios.tcgetattr(self.fd)
+                termios.tcsetattr(self.fd, termios.TCSANOW, [*self.saved[:3], self.saved[3] & ~(termios.ICANON |
+                                  termios.ECHO), *self.saved[4:]])
+                self.thread = threading.Thread(target=self.read, args=(threading.main_thread().ident,), daemon=True)
+                self.thread.start()
+
+    def stop(self) -> bool:
+        """Stop reading and give the terminal back as it was; whether it was being read."""
+        import termios
+        if not (thread := self.thread):
+            return False
+        with signals_held():
+            os.write(self.wake[1], b".")
+            thread.join()
+            os.read(self.wake[0], 1)
+            self.thread = None
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
+        return True
+
+    @contextlib.contextmanager
+    def reading(self, on: bool = True) -> Iterator[None]:
+        """Read keys for the time of a block (a turn), or with `on` false stop for it (a question in a turn)."""
+        was = self.stop() if not on else self.start()
+        try:
+            yield
+        finally:
+            self.stop() if on else was and self.start()
+
+    def read(self, main: int) -> None:
+        """Read keys until woken: a lone Esc interrupts the main thread, text is kept, other keys are dropped."""
+        while True:
+            if not (ready := select.select([self.fd, self.wake[0]], [], [], 0.1)[0]):
+                self.tick()
+            elif not (data := "" if self.wake[0] in ready else os.read(self.fd, 1024).decode(errors="ignore")):
+                return
+            elif data == "\x1b" and not select.select([self.fd], [], [], 0.05)[0]:
+                signal.pthread_kill(main, signal.SIGINT)
+            else:
+                for key in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL):
+                    self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + "\n" if key in "\r\n" \
+                        else self.kept + key if len(key) == 1 and key.isprintable() else self.kept
+
+
+# --- Session --------------------------------------------------------------------------------------
+
+
+SESSION_COMMANDS = {  # the session's own commands, for /help, Tab and "did you mean"
+    "/help": "this table", "/clear": "start a new conversation", "/model [NAME]": "show or switch the model",
+    "/cost": "requests, tokens and cost so far", "/compact [FOCUS]": "summarise the conversation so far",
+    "/init": "ask the model to write or improve CLAUDE.md for this project",
+    "/rewind": "go back to before an earlier prompt: conversation, files or both (Esc Esc)",
+    "/expand": "the last tool result whole, in a pager (Ctrl-O)",
+    "/sessions": "this directory's sessions", "/resume": "go on with one of them", "/mcp": "the MCP servers",
+    "/permissions": "the permission rules in force and where each comes from",
+    "/trust": "forget your answers about this folder's .mcp.json servers, outside imports and settings",
+    "/mode [MODE]": "show or set what runs without asking: " + ", ".join(PERMISSION_MODES),
+    "/agents": "the sub-agent types", "/bashes": "the background shells", "/exit": "leave (Ctrl-D)",
+}
+SESSION_KEYS = {
+    "!command": "run a command; its output goes with your next prompt", "#text": "add a line to ./CLAUDE.md",
+    "@path": "attach a file or a folder's listing", "Tab": "complete /commands and @paths",
+    "\\ at the end, Esc Enter": "a new line in the prompt", "Ctrl-R": "search earlier prompts",
+    "Esc, Ctrl-C": "interrupt a turn", "Ctrl-C": "clear the line; at an empty prompt twice: leave",
+}
+INIT_PROMPT = ("Write a short CLAUDE.md in the working directory (or improve the one there) for agents working here: "
+               "how to build, test (one test too) and lint, and the architecture that takes several files to see.")
+SESSION_HELP = "\n".join(f"{name:17} {what}" for name, what in SESSION_COMMANDS.items())  # for --help
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
+MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
 
 
-def describe_call(cwd: Path, tool: str, args: dict) -> str:
-    """What a call will do, shown whole before the user allows it: every line of a command, a file change's diff."""
+def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
+    """What a call will do, shown whole before it is allowed: every line of a command, or a file change's diff."""
     if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
         text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
         blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
         return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
-    import difflib  # only when asking: it costs start-up time
     path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
+    _, exists, data = file_before(cwd, args)
+    text = data.decode(errors="replace") if data is not None else None
     if tool == "Write":
-        target, new = Path(cwd, os.path.expanduser(path)), str(args.get("content", ""))
-        with contextlib.suppress(OSError):
-            old = read_small(target)
-    diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1))[2:]
-    more = [f"[... {len(diff) - DIFF_LINES} more lines of the change not shown]"] if len(diff) > DIFF_LINES else []
+        old, new = text or "", str(args.get("content", ""))
+    elif text is not None and old and old in text:
+        old, new = text, text.replace(old, new, -1 if args.get("replace_all") is True else 1)
     every = " (every occurrence)" if args.get("replace_all") is True else ""
-    return visible(path) + every + "\n" + visible("\n".join(diff[:DIFF_LINES] + more))
+    diff = shown_diff(path, old if exists else None, new, colour)
+    return f"{'change' if exists else 'create'} {visible(path)}{every}\n{diff}"
+
+
+def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
+    """A transcript's first and last prompt, whether it ended unanswered, and its prompts' checkpoints."""
+    first, last, role, kept = "", "", "", []
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        for line in f:
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                if line.startswith((b'{"role": ', b'{"type": "checkpoint"', b'{"type": "truncate"')):
+                    entry = json.loads(line)
+                    role = entry.get("role", role)
+                    last = one_line(content_text(entry), 60) if entry.get("role") == "user" else last
+                    first = first or last
+                    kept = [c for c in kept if c["prompt"] < entry["keep"]] if entry.get("type") == "truncate" else \
+                        kept + [entry] * (entry.get("type") == "checkpoint")
+    return first, last, role != "assistant", kept
 
 
 class Session:
@@ -5848,10 +6548,76 @@ class Session:
                  fork: bool = False):
         if not is_terminal(streams.stderr):  # its prompts and questions would go where the user cannot see them
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
-        self.streams, self.resume = streams, (resume, fork)
-        self.reporter = Reporter(cfg, streams, interactive=True, fancy=env.get("TERM", "dumb") not in ("", "dumb"))
-        self.agent = Agent(cfg, env, self.reporter, ask_user=self.confirm, ask_trust=self.ask_trust)
-        self.agent.asking = self.reporter.lock  # while a question waits, no other line is drawn under it
+        self.streams, self.resume, self.env = streams, (resume, fork), env
+        self.reporter = self.display = Display(cfg, streams, env)
+        self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display.draw)
+        self.checkpoints: list[dict] = []  # the files Write and Edit changed, as they were before each prompt
+        self.pending: list[str] = []  # `!command` outputs that go with the next prompt
+        self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
+        self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
+        self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
+
+    def event(self, event: dict) -> None:
+        """An event of the agent's, shown; before a Write or Edit, the file as it was is kept (a checkpoint)."""
+        if event["type"] == "tool_call" and event["name"] in ("Write", "Edit"):
+            with contextlib.suppress(ValueError):
+                self.checkpoint(parse_arguments(event["arguments"]))
+        self.display(event)
+
+    def checkpoint(self, args: dict) -> None:
+        """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
+        path, exists, data = file_before(self.agent.cfg.cwd, args)
+        path = os.path.realpath(path)  # where Write and Edit write: through a symlink, its target
+        if not any(c["prompt"] == self.mark and c["path"] == path for c in self.checkpoints):
+            self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": path,
+                                     "exists": exists, "bytes": data and data.decode("latin-1")})
+            self.messages.note(self.checkpoints[-1])
+
+    def setup_readline(self) -> None:
+        """Tab completion, key bindings, and this project's prompt history (kept 0600 in SOLO_HOME)."""
+        import readline
+        readline.set_completer_delims(" \t\n")
+        readline.set_completer(self.complete)
+        for binding in ("tab: complete", r'"\e\C-m": "\C-v\C-j"', r'"\e\e": "\C-e\C-v\C-_rewind\C-m"',
+                        r'"\C-o": "\C-e\C-v\C-_expand\C-m"'):
+            readline.parse_and_bind(binding)
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # GNU readline: Esc Esc acts at once, even
+            if "libedit" not in (readline.__doc__ or ""):  # where an inputrc binds "\e\e[C" and makes it a prefix
+                import ctypes
+                lib, libc = ctypes.CDLL(readline.__file__), ctypes.CDLL(None)
+                lib.rl_get_keymap_by_name.restype = libc.strdup.restype = ctypes.c_void_p
+                fields = [("type", ctypes.c_char), ("function", ctypes.c_void_p)]
+                entry = type("Entry", (ctypes.Structure,), {"_fields_": fields})  # readline's KEYMAP_ENTRY
+                meta = lib.rl_get_keymap_by_name(b"emacs-meta")  # its ESC entry becomes a macro (type 2), not a map
+                macro = libc.strdup(b"\x05\x16\x1frewind\r")  # C-e C-v C-_ rewind Enter, as bound above
+                entry.from_address(meta + 27 * ctypes.sizeof(entry)).__init__(b"\x02", macro)
+        folder = Sessions(self.agent.cfg).folder
+        if folder and self.agent.cfg.persist:
+            with contextlib.suppress(OSError):
+                private_folder(folder)
+                os.close(os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+                readline.clear_history()
+                readline.read_history_file(folder / "history")
+                self.history = folder / "history"
+
+    def complete(self, text: str, state: int) -> str | None:
+        """Tab: commands after a '/' that starts the line, paths after '@'."""
+        import readline
+        found: list[str] = []
+        if text.startswith("/") and readline.get_begidx() == 0:
+            found = [name for name in self.command_names() if name.startswith(text)]
+        elif text.startswith("@"):
+            folder, _, start = text[1:].rpartition("/")
+            with contextlib.suppress(OSError):
+                entries = os.scandir(Path(self.agent.cfg.cwd, os.path.expanduser(folder or ".")))
+                found = sorted(f"@{folder}{'/' if folder else ''}{e.name}{'/' * e.is_dir()}" for e in entries
+                               if e.name.startswith(start) and (start[:1] == "." or e.name[:1] != "."))
+        return found[state] if state < len(found) else None
+
+    def command_names(self) -> list[str]:
+        """Every /name the session knows: its own, custom commands, skills."""
+        return [name.split()[0] for name in SESSION_COMMANDS] + [f"/{name}" for name in (
+            *self.agent.commands, *self.agent.skills)]
 
     def read_line(self, prompt: str, *, history: bool = True) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
@@ -5862,28 +6628,51 @@ class Session:
         os.dup2(2, 1)
         # readline's select() sleeps through a Ctrl-C that lands just before it starts: a tick wakes it to see it
         signal.setitimer(signal.ITIMER_REAL, 0.1 * main, 0.1)
+        prefill, self.prefill = self.prefill, ""
+        if prefill:  # only then: a Ctrl-C landing in a hook is swallowed by readline
+            readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()))
         try:
-            line = input(prompt)
+            with self.display.question(), self.keys.reading(False):
+                line = input(prompt)
         finally:
+            readline.set_pre_input_hook(None)
             if main:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, alarm)
             os.dup2(saved, 1)
             os.close(saved)
-        if not history and line.strip():
+        if (not history or MARK in line) and line.strip():
             readline.remove_history_item(readline.get_current_history_length() - 1)
+        elif self.history and line.strip():
+            with contextlib.suppress(OSError):
+                readline.append_history_file(1, self.history)
         return line
 
     def read_prompt(self) -> str:
-        """The next prompt; a paste of several lines is one prompt."""
+        """The next prompt: a paste is one prompt, a trailing backslash goes on, Esc Esc and Ctrl-O give commands."""
+        kept, self.keys.kept = self.keys.kept, ""
+        if "\n" in kept:  # a line typed during the turn, Enter and all: the next prompt
+            line, _, self.keys.kept = kept.partition("\n")
+            self.streams.stderr.write(f"> {line}\n")
+            return line.strip()
+        self.prefill = self.prefill or kept
         lines = [self.read_line("> ")]
+        if MARK in lines[0]:
+            text, _, action = lines[0].rpartition(MARK)
+            if self.display.fancy:
+                self.streams.stderr.write("\033[A\r\033[K")  # the bound key's text is not left on the screen
+            self.prefill = text if action == "expand" else ""
+            return f"/{action}" if action == "expand" or not text.strip() else ""
         with contextlib.suppress(EOFError):
-            while select.select([self.streams.stdin], [], [], 0.05)[0]:  # the rest of a paste is already here
-                lines.append(self.read_line(""))
+            # a line ending in a backslash goes on; the rest of a paste is already here
+            while (more := lines[-1].endswith("\\")) or select.select([self.streams.stdin], [], [], 0.05)[0]:
+                lines[-1] = lines[-1][:-1] if more else lines[-1]
+                lines.append(self.read_line("… " if more else ""))
         return "\n".join(lines).strip()
 
     def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
         """The first letter of the user's answer, asked until it is one of `answers`; "" for Ctrl-D."""
+        self.keys.kept = ""
         with contextlib.suppress(OSError, ValueError):  # what was typed before the question does not answer it
             import termios
             termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
@@ -5900,12 +6689,16 @@ class Session:
     def confirm(self, tool: str, args: dict, proposals: tuple[str, ...]) -> str:
         """Ask before a call runs, showing it whole and the rules an `always` answer adds: y (once), n, a (this
         session), or s (and save them in .claude/settings.local.json: for commands and MCP tools); "n" for Ctrl-D."""
-        what = describe_call(self.agent.cfg.cwd, tool, args)
+        what = describe_call(self.agent.cfg.cwd, tool, args, self.display.fancy)
         if running := orphans(self.agent.spawner.pids):  # they could type into this terminal or redraw it
             self.reporter.say("still running from earlier commands:\n" + "\n".join(
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
-        self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to change {what}"
-                          if tool in EDITORS else f"{tool} wants to run with {what}")
+        if tool in EDITORS:
+            head, _, diff = what.partition("\n")
+            self.reporter.say(f"{tool} wants to {head}")
+            self.display.put(diff + "\n")
+        else:
+            self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to run with {what}")
         if not proposals:  # an ask rule: nothing to remember
             return self.choose(f"Allow {tool}? [y/n] ", "Please answer y (yes) or n (no): ", ("y", "yes", "n", "no")) \
                 or "n"
@@ -5926,50 +6719,55 @@ class Session:
         return answer == "y" if answer else None
 
     def command(self, line: str) -> bool:
-        """Handle a /command; False when the line is not one."""
+        """Handle a /command, a !command or a #note; False when the line is a prompt."""
         word, _, rest = line.partition(" ")
-        messages, agent = self.messages, self.agent
-        if word == "/help":
-            self.reporter.say(SESSION_HELP)
+        messages, agent, say = self.messages, self.agent, self.reporter.say
+        if line.startswith("!"):
+            self.run_command(line[1:].strip())
+        elif line.startswith("#"):
+            self.remember(line[1:].strip())
+        elif word == "/help":
+            self.help()
         elif word == "/clear":
             del messages[1:]
-            self.reporter.say("started a new conversation")
+            self.checkpoints = []  # as the transcript's reader will see it
+            say("started a new conversation")
             agent.start_session("clear")
         elif word == "/permissions":
             self.show_permissions()
         elif word == "/cost":
-            self.reporter.say(agent.usage.line())
+            say(agent.usage.line())
         elif word == "/model":
             if rest.strip():
                 agent.model.check_model(rest.strip())
                 agent.cfg = agent.cfg._replace(model=rest.strip())
                 messages.note({"type": "model", "model": agent.cfg.model})
-            self.reporter.say(f"model: {agent.cfg.model}")
+            say(f"model: {agent.cfg.model}")
         elif word == "/compact":
             if not agent.compactor.compact(agent.cfg, messages, estimate_tokens(messages), "manual", rest.strip()):
-                self.reporter.say("the conversation was not compacted")
+                say("the conversation was not compacted")
         elif word == "/mode":
             if rest.strip() not in (*PERMISSION_MODES, ""):
                 raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
             agent.cfg = agent.cfg._replace(permission_mode=rest.strip() or agent.cfg.permission_mode)
-            self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
+            say(f"permission mode: {agent.cfg.permission_mode}")
         elif word == "/mcp":
             for server in agent.servers or []:
                 count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
                 why = f" ({server.error})" if server.error else ""
-                self.reporter.say(f"{server.name}: {server.state}{why}, {count} tools")
+                say(f"{server.name}: {server.state}{why}, {count} tools")
             for name in agent.trust.skipped:
-                self.reporter.say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
+                say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
             if not agent.servers and not agent.trust.skipped:
-                self.reporter.say("no MCP servers are configured (.mcp.json, --mcp-config)")
+                say("no MCP servers are configured (.mcp.json, --mcp-config)")
         elif word == "/trust":
             forget(agent.cfg.solo_home, agent.cfg.cwd)
-            self.reporter.say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and "
-                              "settings: the next session here asks again")
+            say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and settings: the "
+                "next session here asks again")
         elif word == "/sessions":
             sessions = Sessions(agent.cfg)
             for path in itertools.islice(sessions.recent(), 10):
-                self.reporter.say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
+                say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
         elif word == "/resume":
             self.resume_picked()
         elif word == "/agents":
@@ -5981,6 +6779,14 @@ class Session:
                 self.reporter.say(f"{shell_id} ({shell.state()}): {visible(one_line(shell.command, 200))}")
             if not agent.shells.shells:
                 self.reporter.say("no background shells")
+        elif word == "/rewind":
+            self.rewind()
+        elif word == "/expand":
+            self.expand()
+        elif re.fullmatch(r"/[\w.:-]+", word) and word not in self.command_names():
+            import difflib
+            close = difflib.get_close_matches(word, self.command_names(), n=3, cutoff=0.6)
+            say(f"unknown command {word}: " + (f"did you mean {' or '.join(close)}?" if close else "see /help"))
         else:
             return False
         return True
@@ -6021,12 +6827,114 @@ class Session:
                               "start a session here)")
         self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
 
+    def help(self) -> None:
+        """The commands and keys, as a table."""
+        commands = {**SESSION_COMMANDS, **{f"/{c.name} {c.hint}".strip(): c.description
+                                           for c in self.agent.commands.values()},
+                    **{f"/{s.name}": one_line(s.description, 70) for s in self.agent.skills.values()}, "Keys:": ""}
+        width = max(map(len, [*commands, *SESSION_KEYS]))
+        self.display.put("Commands:\n" + "".join(f"  {self.display.paint(name.ljust(width), 'bold')}  {what}\n"
+                                                  for name, what in {**commands, **SESSION_KEYS}.items()))
+
+    def run_command(self, command: str) -> None:
+        """Run the user's own command (in the sandbox, if any); show its output and keep it for the next prompt."""
+        with self.keys.reading():
+            self.display.working(f"!{visible(one_line(command, 60))}")
+            try:
+                output = tool_bash(self.agent.ctx, command)
+            finally:
+                self.display.working("")
+        self.display.put(visible(output) + "\n")
+        self.pending.append(f"I ran this command myself:\n$ {command}\n{output}")
+
+    def remember(self, text: str) -> None:
+        """Add a line to the project's CLAUDE.md, if the user says so."""
+        path = self.agent.cfg.cwd / "CLAUDE.md"
+        if text and self.choose("Add this line to ./CLAUDE.md? [y/n] ", "Please answer y (yes) or n (no): ",
+                                ("y", "yes", "n", "no")) == "y":
+            old = read_small(path) if path.exists() else ""
+            with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a",
+                      encoding="utf-8") as f:  # never through a symlink a repository planted
+                f.write("\n" * (old[-1:] not in ("", "\n")) + text + "\n")
+            self.reporter.say(f"added to {path}; it is read at the start of the next session")
+
+    def expand(self) -> None:
+        """The last tool result whole, through the pager ($PAGER, or less)."""
+        if not self.display.last:
+            return self.reporter.say("no tool has run yet")
+        import shlex
+        try:
+            subprocess.run(shlex.split(self.env.get("PAGER") or "less -R"), stdout=self.streams.stderr.fileno(),
+                           input=(visible(self.display.last) + "\n").encode(), check=False)
+        except (OSError, ValueError):
+            self.display.put(visible(self.display.last) + "\n")
+
+    def prompt_for(self, line: str) -> tuple[str, Command | None]:
+        """What a line sends (/init's request, a custom command's text, @paths attached, !outputs), and its command."""
+        word, _, rest = line.partition(" ")
+        command = self.agent.commands.get(word[1:]) if word.startswith("/") else None
+        if command:
+            line = render_command(command, rest, self.agent.cfg.cwd, functools.partial(inline_output, self.agent))
+        else:
+            line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
+        prompt, self.pending = "\n\n".join([*self.pending, line]), []
+        return prompt, command
+
+    def pick(self, rows: list[str], question: str) -> int:
+        """The index of the row the user picks by its number; words typed instead narrow the list down."""
+        words = ""
+        while shown := [i for i, row in enumerate(rows) if words.lower() in row.lower()][:10]:
+            for number, i in enumerate(shown, start=1):
+                self.reporter.say(f"{number:2}. {rows[i]}")
+            answer = self.read_line(f"{question} (1-{len(shown)})? ", history=False).strip()  # or words to narrow
+            if answer.isdigit() and 1 <= int(answer) <= len(shown):
+                return shown[int(answer) - 1]
+            if not (words := answer):
+                break
+        raise UsageError("nothing was chosen" if words or rows else "there is nothing to choose from")
+
+    def rewind(self) -> None:
+        """Go back to before an earlier prompt: the conversation, the files Write and Edit changed, or both."""
+        prompts = [(i, m) for i, m in enumerate(self.messages) if m.get("role") == "user"][-9:]
+        changed = [len({c["path"] for c in self.checkpoints if c["prompt"] >= i}) for i, _ in prompts]
+        index, message = prompts[self.pick([visible(one_line(content_text(m), 70)) + (
+            f"  [{n} file{'s' * (n != 1)} changed since]" if n else "") for (_, m), n in zip(prompts, changed)],
+            "Go back to before which prompt")]
+        what = self.choose("Restore the conversation (c), the files (f) or both (b)? ",
+                           "Please answer c (conversation), f (files) or b (both): ", ("c", "f", "b"))
+        if what in ("f", "b"):
+            self.restore(index)
+        if what in ("c", "b"):
+            del self.messages[index:]
+            self.checkpoints = [c for c in self.checkpoints if c["prompt"] < index]
+            self.prefill = content_text(message)
+            self.reporter.say("the conversation is back to before that prompt, which is yours to edit and send")
+
+    def restore(self, index: int) -> None:
+        """Put back the files Write and Edit changed since prompt `index`, as they were before it."""
+        kept: dict[str, dict] = {}
+        for checkpoint in self.checkpoints:
+            kept.setdefault(checkpoint["path"], checkpoint) if checkpoint["prompt"] >= index else None
+        big = [path for path, c in kept.items() if c["exists"] and c["bytes"] is None]
+        for path, c in kept.items():
+            with contextlib.suppress(OSError):
+                if not c["exists"]:
+                    os.unlink(path)
+                elif c["bytes"] is not None:
+                    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None
+                    replace_file(Path(path), c["bytes"].encode("latin-1"), mode)
+        self.reporter.say(f"restored: {', '.join(p for p in kept if p not in big) or 'no file'}" +
+                          (f"; too large to keep: {', '.join(big)}" if big else "") +
+                          ". Files changed by commands (Bash) are not tracked and were not restored.")
+
     def resume_picked(self) -> None:
-        """Go on with a session the user picks; on any failure the current one goes on as it was."""
-        path = pick_session(Sessions(self.agent.cfg), self.reporter.say, lambda q: self.read_line(q, history=False))
-        current, messages = self.agent.cfg.session_id, self.messages
-        if path.stem == current:
-            raise UsageError("that is this session")
+        """Go on with a session the user picks (not this one, failed runs last); on any failure this one goes on."""
+        sessions, current = Sessions(self.agent.cfg), self.agent.cfg.session_id
+        found = sorted(((path, *read_record(path)[:3]) for path in sessions.recent(asked=True) if path.stem != current),
+                       key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
+        rows = [sessions.describe(path) + (f" … {last}" if last != first else "") +
+                " (ended without an answer)" * failed for path, first, last, failed in found]
+        path, messages = found[self.pick(rows, "Resume which")][0], self.messages
         self.agent.use_session(path.stem)
         try:
             self.messages = self.agent.conversation(path)
@@ -6035,7 +6943,18 @@ class Session:
             raise
         if messages.transcript:
             messages.transcript.close()
+        self.resumed(path)
+
+    def resumed(self, path: Path) -> None:
+        """Say which session goes on, with its last exchange; take its checkpoints."""
+        self.checkpoints = read_record(path)[3] if self.messages.transcript else []
         self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
+        prompt = next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
+        answer = next((m for m in reversed(self.messages) if m.get("role") == "assistant" and content_text(m)), None)
+        if prompt:
+            self.display.put(self.display.paint(f"▸ {visible(one_line(content_text(prompt), 200))}", "grey") + "\n")
+        if answer:
+            self.reporter.answer(content_text(answer))
 
     def run(self) -> int:
         """The session, its MCP servers ended whatever way it ends."""
@@ -6048,7 +6967,10 @@ class Session:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""
         import readline
         self.messages, interrupted = self.agent.conversation(*self.resume), 0.0
+        self.setup_readline()
         self.reporter.say(f"solo {VERSION}, model {self.agent.cfg.model}. /help for commands, Ctrl-D to leave.")
+        if self.resume[0]:
+            self.resumed(self.resume[0])
         while True:
             try:
                 line = self.read_prompt()
@@ -6069,25 +6991,44 @@ class Session:
                 continue
             if line in ("/exit", "/quit"):
                 return EXIT_OK
+            granted: list[Rule] = []
             try:
                 if not line or self.command(line):
                     continue
-            except (AgentError, KeyboardInterrupt, EOFError) as error:  # a command's question left: nothing changes
-                self.reporter.say(str(error) if isinstance(error, AgentError) else "cancelled")
+                command = self.agent.commands.get(line[1:].partition(" ")[0]) if line.startswith("/") else None
+                granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
+                                             for text in command.allowed) if isinstance(rule, Rule)] if command else []
+                self.agent.rules["allow"] += granted  # for this prompt only, its !`lines` included
+                prompt, command = self.prompt_for(line)
+            except (AgentError, ToolError, KeyboardInterrupt, EOFError, OSError) as error:  # nothing changes
+                self.agent.rules["allow"] = [r for r in self.agent.rules["allow"] if all(r is not g for g in granted)]
+                self.reporter.say("cancelled" if isinstance(error, (KeyboardInterrupt, EOFError)) else str(error))
                 continue
-            messages = self.messages
-            mark, compactions, interrupted = len(messages), messages.compactions, 0.0
+            messages, model = self.messages, self.agent.cfg.model
+            self.mark, compactions, interrupted = len(messages), messages.compactions, 0.0
+            self.agent.cfg = self.agent.cfg._replace(model=command.model if command and command.model else model)
             try:
-                outcome = self.agent.ask(messages, line, images=self.pasted_images(line))
+                with self.keys.reading():
+                    outcome = self.agent.ask(messages, prompt, images=self.pasted_images(line))
             except (KeyboardInterrupt, Exception) as error:  # an unfinished turn leaves no trace; the session goes on
-                del messages[mark if messages.compactions == compactions else messages.floor:]
+                del messages[self.mark if messages.compactions == compactions else messages.floor:]
+                for checkpoint in [c for c in self.checkpoints if c["prompt"] >= len(messages)]:
+                    messages.note(checkpoint)  # what the cancelled turn changed stays undoable, after a resume too
+                self.display.end_turn()
                 self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
                 continue
+            finally:
+                self.agent.cfg = self.agent.cfg._replace(model=model)
+                self.agent.rules["allow"] = [r for r in self.agent.rules["allow"] if all(r is not g for g in granted)]
+            self.display.end_turn()
             with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing
                 if outcome.subtype != "success":
-                    self.reporter.say(f"stopped: {outcome.subtype}")
+                    self.reporter.say(stopped_message(outcome))
                 elif not self.reporter.answered:  # a streamed answer is on the screen already
                     self.reporter.answer(outcome.answer)
+
+
+# --- Main -----------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, streams: Streams | None = None) -> int:

@@ -3,7 +3,8 @@
 Run from the repository root (after tests/setup.sh):  .venv/bin/python tests/bench.py [--quick] [--mcp-only] [--hook-only]
 
 Prints a table of medians over several runs: start-up to first request, time per turn over a 200-turn
-session (whole replies and streamed), the delay from a streamed chunk to its line on stdout, peak RSS idle / reading a 1 GB file / running a command that prints 1 GB, the largest request
+session (whole replies and streamed), the delay from a streamed chunk to its line on stdout, the time a session
+takes to draw a streamed chunk of a 2,000-line Markdown answer (99th percentile), peak RSS idle / reading a 1 GB file / running a command that prints 1 GB, the largest request
 body, for prompt caching the share of each request that repeats the previous one byte for byte, and what the
 sandbox adds to a trivial command, and what a `true` PreToolUse hook adds to each call (issue 22).
 For MCP and parallel calls (issue 15): 4 Greps of ~0.5 s in one reply against the same 4 one after another,
@@ -138,6 +139,33 @@ def chunk_to_stdout(workspace: Path, chunks: int = 60) -> float:
                 delays.append(time.monotonic() - sent[len(delays)])
         proc.wait()
     return statistics.median(delays)
+
+
+MARKDOWN_BLOCK = ("## Step {i}\nSome **bold** text with `code` and *emphasis*, then a list:\n- item one\n- item two\n"
+                  "```python\ndef f(x):  # a comment\n    return 'value'\n```\n| name | value |\n|---|---|\n"
+                  "| a | 22 |\n> a quote\n")
+
+
+def markdown_chunk(lines: int = 2000, size: int = 12) -> float:
+    """The 99th percentile of the time a session takes to draw one streamed chunk of a 2,000-line Markdown answer
+    on a terminal (sanitised, rendered, written, the status line redrawn)."""
+    import io
+    from app import main as agent
+
+    class Screen(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    text = "\n".join("".join(MARKDOWN_BLOCK.format(i=i) for i in range(lines // 13 + 1)).split("\n")[:lines])
+    display = agent.Display(agent.Config(api_key="k", cwd=Path.cwd()), agent.Streams(None, Screen(), Screen()),
+                            {"TERM": "xterm"})
+    display.working("thinking")
+    times = []
+    for start in range(0, len(text), size):  # pieces about as large as a streamed delta
+        began = time.perf_counter()
+        display.delta({"content": text[start:start + size]})
+        times.append(time.perf_counter() - began)
+    return statistics.quantiles(times, n=100)[98]
 
 
 def memory(workspace: Path) -> dict[str, tuple[int, int]]:
@@ -389,6 +417,7 @@ def main() -> None:
         share, sent = prefix_share(workspace)
         long = long_session(workspace)
         hooked, plain, shell = hook_cost(workspace)
+        chunk = markdown_chunk()
     idle = peaks["idle (answer at once)"][0]
     rows = [
         ("start-up to first request", f"{start_agent * 1000:.0f} ms", f"{start_floor * 1000:.0f} ms",
@@ -398,6 +427,7 @@ def main() -> None:
         ("time per turn, 200 turns, streamed", f"{turns['streamed'] * 1000:.2f} ms", f"{turns['floor'] * 1000:.2f} ms",
          f"{turns['streamed'] / turns['floor']:.2f}x (target <= 1.5x)"),
         ("stream-json: chunk to stdout", f"{delay * 1000:.2f} ms", "", "median (target <= 5 ms)"),
+        ("session: draw a Markdown chunk, p99", f"{chunk * 1000:.3f} ms", "", "2,000-line answer (target < 1 ms)"),
         *[(f"peak RSS, {label}", f"{mb} MB", f"{idle} MB idle", f"+{mb - idle} MB (target <= +30 MB)")
           for label, (mb, _) in peaks.items()],
         ("largest request body", f"{max([largest] + [b for _, b in peaks.values()]) / 1000:.0f} kB", "", ""),

@@ -149,8 +149,8 @@ class Terminal:
 def terminal(workspace):
     terminals = []
 
-    def start(server, *args: str, stdout=None, env: dict | None = None, first: str = "> ") -> Terminal:
-        env = {**(env or {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}), "TERM": "dumb"}
+    def start(server, *args: str, stdout=None, env: dict | None = None, first: str = "> ", term: str = "dumb") -> Terminal:
+        env = {**(env or {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}), "TERM": term}
         terminals.append(Terminal(workspace, env, stdout, args))
         terminals[-1].expect(first)  # the session is up and waiting
         return terminals[-1]

@@ -26,7 +26,8 @@ Options:
     --record FILE       append JSON lines: start (argv, env, pid, pgid, sid, cwd), every message received, the
                         client's answers to the server's own requests
     --pidfile FILE      write "PID CHILD_PID" (the child: a `sleep` in the server's process group)
-    --child KIND        plain (default) or stubborn (the child ignores SIGTERM)
+    --child KIND        plain (default), stubborn (the child ignores SIGTERM) or holding (it shares the server's
+                        stdout and stderr, so they stay open after the server exits)
     --ask-client        before answering the first tools/list: send ping, roots/list and an unsupported request
                         to the client, wait for the three answers (recorded), and send a log notification
     --stderr TEXT       write TEXT to stderr at start and at every call
@@ -35,6 +36,8 @@ Options:
     --endless-pages     every tools/list page says there is a next one
     --tools-not-a-list  tools/list answers {"tools": 5}
     --ignore-term       ignore SIGTERM and go on living when stdin ends (only SIGKILL ends it)
+    --stop-reading      after answering the first tools/list, never read stdin again (and live on)
+    --deep-line         before anything else, print a line of JSON nested 100,000 levels deep
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--exit-at-start", type=int)
     parser.add_argument("--record")
     parser.add_argument("--pidfile")
-    parser.add_argument("--child", choices=("plain", "stubborn"), default="plain")
+    parser.add_argument("--child", choices=("plain", "stubborn", "holding"), default="plain")
     parser.add_argument("--ask-client", action="store_true")
     parser.add_argument("--stderr", default="")
     parser.add_argument("--stdout-noise", action="store_true")
@@ -73,6 +76,8 @@ def options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--endless-pages", action="store_true")
     parser.add_argument("--tools-not-a-list", action="store_true")
     parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--stop-reading", action="store_true")
+    parser.add_argument("--deep-line", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -250,14 +255,16 @@ def start() -> None:
     """Record the start, write the pid file, start the child."""
     if OPTS.stdout_noise:
         print("starting up (not JSON)", flush=True)
+    if OPTS.deep_line:
+        print("[" * 100_000 + "]" * 100_000, flush=True)
     noise()
     record(event="start", argv=sys.argv[1:], env=dict(os.environ), pid=os.getpid(), pgid=os.getpgid(0),
            sid=os.getsid(0), cwd=os.getcwd())
     if OPTS.pidfile:
         # an ignored signal stays ignored across exec: a stubborn child is born ignoring SIGTERM
         previous = signal.signal(signal.SIGTERM, signal.SIG_IGN if OPTS.child == "stubborn" else signal.SIG_DFL)
-        child = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+        output = None if OPTS.child == "holding" else subprocess.DEVNULL
+        child = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL, stdout=output, stderr=output)
         signal.signal(signal.SIGTERM, previous)
         with open(OPTS.pidfile + ".tmp", "w") as f:
             f.write(f"{os.getpid()} {child.pid}\n")
@@ -295,6 +302,8 @@ def serve() -> None:
             if cursor + size < len(tools) or OPTS.endless_pages:
                 page["nextCursor"] = str((cursor + size) % len(tools))
             write({"jsonrpc": "2.0", "id": number, "result": {"tools": 5} if OPTS.tools_not_a_list else page})
+            while OPTS.stop_reading:
+                time.sleep(3600)
         elif method == "tools/call":
             threading.Thread(target=call, args=(message, received), daemon=True).start()
         elif method == "ping":

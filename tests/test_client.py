@@ -50,6 +50,8 @@ CASES = {
                              "error": {"code": 502, "message": "provider crashed"}}]}, {}), (200, OK, {})], None, 1),
     "non-JSON 502 page": ([(502, "<html><body>Bad gateway</body></html>", {}), (200, OK, {})], None, 1),
     "non-JSON 200": ([(200, "not json", {}), (200, OK, {})], None, 1),
+    "a reply nested 990 deep": ([(200, '{"choices": [{"message": {"role": "assistant", "content": "x", "deep": '
+                                  + "[" * 990 + "]" * 990 + "}}]}", {}), (200, OK, {})], None, 1),
     "500 every time": ([(500, error(500, "down"), {})] * 6, "HTTP 500: down", 5),
     "400 is final": ([(400, error(400, "bad request body"), {})], "HTTP 400: bad request body", 0),
     "401 hints at the key": ([(401, error(401, "No auth credentials found"), {})],
@@ -367,3 +369,29 @@ def test_a_streamed_reply_over_http_and_its_events():
     assert response["choices"][0]["message"]["content"] == "Héllo ✓" and response["usage"] == USAGE
     assert "".join(e["delta"].get("content") or "" for e in events if e["type"] == "delta") == "Héllo ✓"
     assert [e["type"] for e in events][-1] == "reply" and events[-1]["status"] == 200
+
+
+def test_an_invalid_utf8_byte_is_replaced_and_an_empty_event_ignored():
+    """A whole reply with a bad byte is decoded with replacement: a streamed one is too (issue 21, item 10)."""
+    bad = sse(chunk({"content": "caf"})).replace(b'caf"', b'caf\xe9"')
+    response, _ = rebuild(b"data:\n\n" + bad + b"data: \n\n" + sse(chunk({}, "stop"), "data: [DONE]\n\n"))
+    assert response["choices"][0]["message"]["content"] == "caf\ufffd"
+
+
+# A real reply of an OpenAI reasoning model through OpenRouter: two reasoning items that share index 0
+REASONING_DETAILS = [
+    {"type": "reasoning.summary", "summary": "**Checking the file**\n\nI read it first.", "id": "rs_0a1b2c",
+     "format": "openai-responses-v1", "index": 0},
+    {"type": "reasoning.encrypted", "data": "gAAAAABpQ3xKc2VjcmV0LXJlYXNvbmluZy1ibG9i", "id": "rs_0a1b2c",
+     "format": "openai-responses-v1", "index": 0},
+]
+
+
+def test_reasoning_items_of_one_index_but_different_types_stay_apart():
+    """Streamed, the summary and the encrypted item come back exactly as a whole reply carries them (item 14)."""
+    summary, encrypted = REASONING_DETAILS
+    pieces = [{**summary, "summary": summary["summary"][:12]}, {"type": summary["type"], "index": 0,
+                                                                 "summary": summary["summary"][12:]}]
+    response, _ = rebuild(sse(*[chunk({"reasoning_details": [p]}) for p in pieces],
+                              chunk({"reasoning_details": [encrypted]}), chunk({"content": "ok"}), chunk({}, "stop")))
+    assert response["choices"][0]["message"]["reasoning_details"] == REASONING_DETAILS

@@ -327,7 +327,7 @@ def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve,
     session.send("y\r")
     screen = session.expect(r"Allow Bash\? \[y/n/a/s\] ")
     assert "still running from earlier commands" in screen and marker in screen, screen
-    assert screen.index(marker) < screen.index("git status")
+    assert screen.index(marker) < screen.index("Bash wants to run:\r\ngit status")  # listed before the question
     session.send("n\r")
     session.expect(PROMPT)
     session.send("/exit\r")

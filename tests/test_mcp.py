@@ -4,15 +4,19 @@ of one reply run at once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -732,3 +736,161 @@ def test_an_mcp_tool_that_changes_things_asks_first_and_a_read_only_one_does_not
     assert called == ["peek"]
     term.send("/exit\r")
     assert term.wait() == 0
+
+
+# --- 9. Nothing hangs: every wait keeps to its deadline (issue 21) ---------------------------------
+
+
+MARGIN = 5  # seconds past a deadline that a loaded machine may take; a hang takes for ever
+
+
+def finishes(work: Callable[[], Any], within: float) -> Any:
+    """What work returns (or raises), provided it ends within `within` seconds: a hang fails the test."""
+    outcome: list = []
+
+    def attempt() -> None:
+        try:
+            outcome.append((work(), None))
+        except BaseException as error:  # handed to the test
+            outcome.append((None, error))
+
+    threading.Thread(target=attempt, daemon=True).start()
+    deadline = time.monotonic() + within
+    while not outcome:
+        assert time.monotonic() < deadline, f"still waiting after {within} s"
+        time.sleep(0.02)
+    if outcome[0][1]:
+        raise outcome[0][1]
+    return outcome[0][0]
+
+
+@pytest.fixture
+def mcp(workspace):
+    """Start a server of these settings (or the test server with these options) in-process; stopped afterwards."""
+    servers: list[agent.McpServer] = []
+
+    def start(*args: str, spec: dict | None = None, timeout: float = 10) -> agent.McpServer:
+        servers.append(agent.McpServer("t", spec or stdio(*args), workspace, dict(os.environ), lambda event: None))
+        finishes(lambda: servers[-1].start(timeout), timeout + MARGIN)
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        if server.proc:  # first, so that no write to it can block the stopping
+            with contextlib.suppress(OSError):
+                os.killpg(server.proc.pid, signal.SIGKILL)
+        server.stop()
+
+
+class EndlessHttp:
+    """A streamable-HTTP MCP server whose answers to the methods in `endless` are server-sent events that never
+    end: the answer, then keep-alive comments (True), or the comments alone (False)."""
+
+    def __init__(self, endless: dict[str, bool]):
+        self.stop = stop = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # a stream in chunks, as real servers send it
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def chunk(self, data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            def do_POST(self) -> None:
+                message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                result = {"initialize": {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}},
+                          "tools/list": {"tools": [{"name": "wait", "inputSchema": {"type": "object"}}]}}
+                answer = json.dumps({"jsonrpc": "2.0", "id": message.get("id"),
+                                     "result": result.get(message.get("method"), {})}).encode()
+                if "id" not in message or message["method"] not in endless:
+                    body = answer if "id" in message else b""
+                    self.send_response(200 if body else 202)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.close_connection = True
+                with contextlib.suppress(OSError):  # the client went away
+                    if endless[message["method"]]:
+                        self.chunk(b"data: " + answer + b"\n\n")
+                    while not stop.wait(0.05):
+                        self.chunk(b": keep-alive\n\n")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.spec = {"type": "http", "url": f"http://127.0.0.1:{self.httpd.server_address[1]}/mcp"}
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def endless_http():
+    made: list[EndlessHttp] = []
+    yield lambda endless: made.append(EndlessHttp(endless)) or made[-1]
+    for server in made:
+        server.close()
+
+
+def test_http_answers_that_never_end_keep_mcp_timeout_and_mcp_tool_timeout(mcp, endless_http):
+    """The answer event then keep-alives for ever is an answer; keep-alives alone are no answer, in time."""
+    http = endless_http({"initialize": True, "tools/list": True, "tools/call": False})
+    server = mcp(spec=http.spec, timeout=2)
+    assert (server.state, [t["name"] for t in server.tools]) == ("connected", ["wait"])
+    with pytest.raises(agent.ToolError, match="did not answer tools/call within 1 s"):
+        finishes(lambda: server.call("wait", {}, 1), 1 + MARGIN)
+    silent = mcp(spec=endless_http({"initialize": False}).spec, timeout=1)
+    assert silent.state == "failed" and "did not answer initialize within 1 s" in silent.error
+
+
+def test_start_up_waits_at_most_mcp_timeout_for_all_servers_together(workspace, monkeypatch):
+    """However a start hangs, the run goes on without that server after MCP_TIMEOUT."""
+    monkeypatch.setattr(agent.McpServer, "start", lambda self, timeout: time.sleep(600))
+    cfg = agent.Config(api_key="k", cwd=workspace, mcp=(("a", stdio()), ("b", stdio())), mcp_timeout=1)
+    events: list = []
+    servers = finishes(lambda: agent.start_mcp(cfg, list(cfg.mcp), {}, events.append, None), 1 + MARGIN)
+    assert [(s.state, s.error) for s in servers] == [("failed", "it did not start within 1 s")] * 2
+    assert [e["text"] for e in events] == [f"MCP server {n} failed: it did not start within 1 s; going on without it"
+                                           for n in "ab"]
+
+
+def test_a_call_to_a_server_that_stopped_reading_fails_in_time_and_fails_the_server(mcp):
+    server = mcp("--only", "echo", "--stop-reading")
+    assert server.state == "connected"
+    with pytest.raises(agent.ToolError, match="stopped reading its input"):
+        finishes(lambda: server.call("echo", {"text": "x" * 200_000}, 1), 1 + MARGIN)  # more than a pipe holds
+    assert (server.state, server.error) == ("failed", "it stopped reading its input")
+
+
+def test_a_server_that_exits_fails_its_call_at_once_though_its_child_holds_its_output(mcp, pidfile):
+    server = mcp("--only", "crash,echo", "--pidfile", str(pidfile()), "--child", "holding")
+    started = time.monotonic()
+    with pytest.raises(agent.ToolError, match="is not running"):
+        finishes(lambda: server.call("crash", {}, 20), 20 + MARGIN)
+    assert time.monotonic() - started < MARGIN  # not the whole MCP_TOOL_TIMEOUT
+    assert server.state == "failed" and server.error.startswith("the server exited")
+
+
+def test_a_line_nested_too_deeply_is_skipped_and_the_server_still_answers(mcp):
+    server = mcp("--only", "echo", "--deep-line", timeout=5)
+    assert server.state == "connected", server.error
+    assert server.call("echo", {"text": "hi"}, 10) == "echo: hi"
+
+
+def test_server_sent_events_are_read_as_they_come_wherever_the_stream_is_split():
+    data = b'data: {"a": 1}\r\n\r\n: keep-alive\n\ndata: x\ndata: y\n\ndata: the end, unfinished'
+    events = ['{"a": 1}', "x\ny", "the end, unfinished"]
+    for cut in range(1, len(data)):
+        assert list(agent.sse_data([data[:cut], data[cut:]])) == events, cut
+    assert list(agent.sse_data(bytes([byte]) for byte in data)) == events

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -95,7 +97,7 @@ def test_commands_help_cost_model_clear(serve, terminal):
     term = terminal(server)
     term.ask("/help", "/clear")
     term.ask("hello", "anthropic/claude-haiku-4.5 sees 1")
-    term.ask("/cost", r"1 requests, 100 prompt tokens .*\$0\.0010")
+    term.ask("/cost", r"1 request, 100 prompt tokens .*\$0\.0010")
     term.ask("/model anthropic/claude-haiku-other", "model: anthropic/claude-haiku-other")
     term.ask("/clear", "new conversation")
     term.ask("again", "anthropic/claude-haiku-other sees 1")
@@ -144,8 +146,9 @@ def test_the_whole_command_is_shown_every_line(serve, terminal):
     term.send("go\r")
     shown = term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     assert "echo harmless\r\n" in shown and "\r\nrm -rf ./important\r\n" in shown
+    time.sleep(1.2)  # the time at the question is not the tool's
     term.send("n\r")
-    term.expect(PROMPT)
+    assert float(re.search(r"⎿ Error: permission denied: .* \((\d+\.\d) s\)", term.expect(PROMPT)).group(1)) < 1.2
 
 
 def test_file_changes_are_shown_as_a_bounded_diff(serve, terminal, workspace):
@@ -157,7 +160,7 @@ def test_file_changes_are_shown_as_a_bounded_diff(serve, terminal, workspace):
     term = terminal(server)
     term.send("change it\r")
     shown = term.expect(r"Allow Edit\? \[y/n/a\] ")
-    assert "Edit wants to change conf.txt" in shown and "-mode = safe\r\n+mode = unsafe" in shown
+    assert "Edit wants to change conf.txt" in shown and "   1 -mode = safe\r\n   1 +mode = unsafe" in shown
     term.send("y\r")
     shown = term.expect(r"Allow Write\? \[y/n/a\] ")
     assert "+line 38\r\n" in shown and "+line 39" not in shown and "[... 161 more lines of the change not shown]" in shown
@@ -335,3 +338,193 @@ def test_words_show_as_they_stream_and_ctrl_c_cancels_the_stream_at_once(serve, 
     release.set()
     term.ask("again", "2 messages")  # system + this prompt: the cancelled turn is gone
     assert "never shown" not in term.transcript and "\x1b" not in term.transcript
+
+
+# --- Seeing the work: tool lines, diffs, Markdown, the status line, Esc ---------------------------
+
+
+DRAWN_PROMPT = r"(?:\n|\x1b\[K)> "  # at the start of a line, or after the status line was taken off it
+
+
+def test_a_tool_line_shows_while_the_command_runs_then_its_first_and_last_lines(serve, terminal, workspace):
+    command = "echo started; while [ ! -f go ]; do sleep 0.05; done; seq 1 12; exit 3"
+    server = serve(asks_once([call("Bash", {"command": command})]))
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": "cat"}
+    term = terminal(server, "--yes", term="xterm", env=env)
+    term.send("run it\r")
+    term.expect(r"Bash\(echo started; while")
+    term.expect(r"Bash\(echo started.*\(\d+s · \d+ tokens · esc to interrupt\)")  # the status line, live, while it runs
+    (workspace / "go").touch()
+    shown = term.expect("done: ")
+    assert "⎿ started" in shown and "… +6 lines" in shown and "    12\r\n    [exit code 3]" in shown
+    assert "    5\r\n" not in shown and re.search(r"⎿ started\x1b\[90m \(\d+\.\d s\)", shown)
+    term.expect(DRAWN_PROMPT)
+    term.send("\x0f")  # Ctrl-O: the last result whole, through the pager
+    term.expect(r"\r\n4\r\n5\r\n6\r\n7\r\n")
+    term.expect(DRAWN_PROMPT)
+
+
+def test_an_accepted_edit_shows_a_coloured_diff_and_answers_render_as_markdown(serve, terminal, workspace):
+    (workspace / "conf.txt").write_text("mode = safe\nlevel = 1\n")
+    answer = ("# Title\nSome **bold** and `code`.\n- item\n```python\ndef f():  # note\n    return 'x'\n```\n"
+              "| name | n |\n|---|---|\n| a | 10 |\n| bbb | 2 |\n")
+    server = serve(tool_then([call("Edit", {"file_path": "conf.txt", "old_string": "mode = safe",
+                                            "new_string": "mode = fast"}),
+                              call("Write", {"file_path": "new.txt", "content": "hello\n"})], answer))
+    term = terminal(server, "--permission-mode", "acceptEdits", term="xterm")
+    term.send("change it\r")
+    shown = term.expect(r"\| bbb|bbb")
+    assert "changed conf.txt" in shown and "--- conf.txt\r\n    +++ conf.txt" in shown
+    assert "\x1b[31m   1 -mode = safe\x1b[0m" in shown and "\x1b[32m   1 +mode = fast\x1b[0m" in shown
+    assert "created new.txt" in shown and "--- /dev/null" in shown and "\x1b[32m   1 +hello\x1b[0m" in shown
+    assert "\x1b[1;4mTitle\x1b[0m" in shown and "\x1b[1mbold\x1b[0m" in shown and "\x1b[36mcode\x1b[0m" in shown
+    assert "• item" in shown and "╭─ python" in shown and "\x1b[35mdef\x1b[0m f():  \x1b[90m# note\x1b[0m" in shown
+    assert "\x1b[32m'x'\x1b[0m" in shown and "**" not in shown and "```" not in shown
+    term.expect(DRAWN_PROMPT)
+    table = [re.sub(r"\x1b\[[0-9;]*m", "", re.sub(r".*\x1b\[K", "", line)) for line in term.transcript.split("\r\n") if "│" in line or "┼" in line]
+    assert table[-4:] == ["name │ n", "─────┼───", "a    │ 10", "bbb  │ 2"]
+
+
+def test_esc_interrupts_a_turn_and_keys_typed_meanwhile_start_the_next_prompt(serve, terminal):
+    release = threading.Event()
+
+    def model(body):
+        if user_turns(body)[-1] == "tell me":
+            return Stream([{"choices": [{"index": 0, "delta": {"content": "first line\n"}}]}, lambda: release.wait(20),
+                           {"choices": [{"index": 0, "delta": {"content": "never"}, "finish_reason": "stop"}]}])
+        return reply(f"got {user_turns(body)[-1]!r} after {len(body['messages'])} messages")
+
+    server = serve(model)
+    term = terminal(server, term="xterm")
+    term.send("tell me\r")
+    term.expect("first line")
+    term.send("and then")  # typed during the turn: not echoed over the status line, kept
+    time.sleep(0.3)
+    term.send("\x1b")
+    term.expect("cancelled")
+    term.expect(DRAWN_PROMPT)
+    term.send(" more\r")
+    term.expect(r"got 'and then more' after 2 messages")
+    release.set()
+    assert "and then" not in term.transcript.split("cancelled")[0]
+
+
+# --- Typing less: /commands, !, #, @, custom commands, Tab, history ---------------------------------
+
+
+def test_unknown_commands_bang_hash_and_at_mentions(serve, terminal, workspace):
+    (workspace / "notes.txt").write_text("the notes say 42\n")
+    server = serve(lambda body: reply(f"seen {len(body['messages'])}"))
+    term = terminal(server)
+    term.ask("/hepl", r"unknown command /hepl: did you mean /help\?")
+    term.ask("!echo from-the-shell", "from-the-shell")
+    term.send("#always run the tests\r")
+    term.expect(r"Add this line to ./CLAUDE.md\? \[y/n\] ")
+    term.ask("y", "added to")
+    term.ask("read @notes.txt please", "seen 2")
+    assert not server.bodies[1:]  # /hepl, ! and # sent nothing of their own
+    sent = user_turns(server.bodies[0])[-1]
+    assert sent.startswith("I ran this command myself:\n$ echo from-the-shell\nfrom-the-shell")
+    assert sent.endswith('read @notes.txt please\n\n<file path="notes.txt">\nthe notes say 42\n</file>')
+    assert (workspace / "CLAUDE.md").read_text() == "always run the tests\n"
+    term.ask("/init", "seen")
+    assert "CLAUDE.md" in user_turns(server.bodies[-1])[-1]
+
+
+CUSTOM = """---
+description: Greet someone
+argument-hint: NAME
+model: anthropic/claude-haiku-other
+allowed-tools: Bash
+---
+Greet $1 ($ARGUMENTS). Shell says: !`echo inlined-$1`
+See @facts.txt
+"""
+
+
+def test_custom_commands_run_in_a_session_with_tab_and_in_p(serve, terminal, workspace, run):
+    (workspace / ".claude" / "commands").mkdir(parents=True)
+    (workspace / ".claude" / "commands" / "greet.md").write_text(CUSTOM)
+    (workspace / "facts.txt").write_text("fact one\n")
+    server = serve(lambda body: reply(f"{body['model']} done"))
+    result = run(["-p", "/greet Bob smith"], cwd=workspace, base_url=server.url)
+    assert result.code == 0 and result.stdout == "anthropic/claude-haiku-other done\n"
+    sent = user_turns(server.bodies[-1])[-1]
+    assert sent.startswith("Greet Bob (Bob smith). Shell says: inlined-Bob\nSee @facts.txt")
+    assert '<file path="facts.txt">\nfact one\n</file>' in sent
+    term = terminal(server)
+    term.ask("/help", r"/greet NAME +Greet someone")
+    term.send("/gre\t")
+    term.expect("/greet")
+    term.ask(" Ann", "anthropic/claude-haiku-other done")  # allowed-tools: Bash runs the !`command` without a question
+    assert user_turns(server.bodies[-1])[-1].startswith("Greet Ann (Ann). Shell says: inlined-Ann")
+    term.ask("next", "anthropic/claude-haiku-4.5 done")  # the command's model was for its prompt only
+
+
+def test_prompt_history_is_kept_per_project_across_sessions(serve, terminal, workspace):
+    server = serve(lambda body: reply(f"answer to {user_turns(body)[-1]}"))
+    term = terminal(server)
+    term.ask("first prompt", "answer to first prompt")
+    term.send("\x04")
+    assert term.wait() == 0
+    term = terminal(server)
+    term.send("\x1b[A\r")  # up-arrow in a new session recalls the last one's prompt
+    term.expect("answer to first prompt")
+    history = next((Path(os.environ["HOME"]) / ".solo" / "projects").glob("*/history"))
+    assert history.stat().st_mode & 0o777 == 0o600 and "first prompt" in history.read_text()
+
+
+# --- Undo: checkpoints, /rewind, resuming ----------------------------------------------------------
+
+
+def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, terminal, workspace):
+    (workspace / "a.txt").write_text("original\n")
+
+    def model(body):
+        prompt = user_turns(body)[-1]
+        if body["messages"][-1]["role"] == "user" and prompt in ("one", "two"):
+            calls = [call("Write", {"file_path": "a.txt", "content": f"by {prompt}\n"})] + \
+                [call("Write", {"file_path": "b.txt", "content": "new\n"})] * (prompt == "one")
+            return reply(tool_calls=calls)
+        return reply(f"did {prompt} with {len(body['messages'])} messages")
+
+    server = serve(model)
+    term = terminal(server, "--yes")
+    term.ask("one", "did one")
+    term.ask("two", "did two")
+    assert (workspace / "a.txt").read_text() == "by two\n"
+    term.send("\x04")
+    assert term.wait() == 0
+    term = terminal(server, "--yes", "-c", first="resumed [0-9a-f-]+: 10 messages")
+    term.expect("did two")  # the last exchange is shown
+    term.expect(PROMPT)
+    term.send("\x1b\x1b")  # Esc Esc at an empty prompt: /rewind, at once even with Debian's inputrc ("\e\e[C")
+    term.expect(r"1\. one  \[2 files changed since\]")
+    term.expect(r"Go back to before which prompt \(1-2\)\? ")
+    term.send("1\r")
+    term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
+    term.send("b\r")
+    term.expect("Files changed by commands")
+    term.expect(PROMPT)
+    assert (workspace / "a.txt").read_text() == "original\n" and not (workspace / "b.txt").exists()
+    term.send("\r")  # the prompt rewound to is back in the line
+    term.expect("did one with 5 messages")
+
+
+def test_the_resume_picker_hides_this_session_puts_failed_runs_last_and_filters(serve, terminal, workspace, run):
+    server = serve(tool_then([call("Read", {"file_path": "missing.txt"})], "answered"))
+    home = {"SOLO_HOME": str(workspace.parent / "solo-home")}
+    assert run(["-p", "alpha question", "--max-turns", "1"], cwd=workspace, base_url=server.url, env=home).code == 3
+    assert run(["-p", "beta question"], cwd=workspace, base_url=server.url, env=home).code == 0
+    term = terminal(server, env={**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", **home})
+    term.ask("gamma question", "answered")
+    term.send("/resume\r")
+    shown = term.expect(r"Resume which \(1-2\)\? ")
+    assert re.search(r" 1\. \w+ .*beta question\r\n.* 2\. \w+ .*alpha question \(ended without an answer\)", shown)
+    assert "gamma" not in shown  # the session itself is not offered
+    term.send("alpha\r")
+    shown = term.expect(r"Resume which \(1-1\)\? ")
+    assert "beta" not in shown
+    term.send("1\r")
+    term.expect(r"resumed [0-9a-f-]+: 4 messages")
+    term.expect(PROMPT)

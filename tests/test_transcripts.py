@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from app import main as agent
 from tests.conftest import PROGRAM
 from tests.fake_openrouter import Raw, call, reply, tool_then
 from tests.conftest import PROMPT, Terminal
@@ -27,6 +28,8 @@ from tests.test_skills import fork_model, make_skill, skill_md
 KEY = "sk-test-secret-123"  # the key run() gives every run
 LONG_KEY = "sk-or-v1-" + "0123456789abcdef" * 4  # what an OpenRouter key looks like
 ERROR_RESULT = "Error: the session ended before this tool call ran"
+RUNNING_RESULT = ("Error: the session ended while this tool call was running: it may have done some or all of its "
+                  "work. Check before repeating it.")
 GOOD, OTHER = "5e55e55e-0000-4000-8000-00000000000a", "5e55e55e-0000-4000-8000-00000000000b"
 
 
@@ -165,12 +168,13 @@ def test_resume_resends_the_conversation_byte_for_byte(serve, run, workspace, ho
     assert messages_of(transcripts(workspace)[sid]) == body + [{"role": "assistant", "content": "done second"}]
 
 
-@pytest.mark.parametrize("calls, answered", [
-    ([call("Bash", {"command": SLOW}, id="call_slow")], []),
+@pytest.mark.parametrize("calls, results", [
+    ([call("Bash", {"command": SLOW}, id="call_slow")], [RUNNING_RESULT]),
     ([call("Bash", {"command": "echo one"}, id="call_one"), call("Bash", {"command": SLOW}, id="call_slow"),
-      call("Bash", {"command": "echo three"}, id="call_three")], ["call_one"]),
+      call("Bash", {"command": "echo three"}, id="call_three")], ["one\n[exit code 0]", RUNNING_RESULT, ERROR_RESULT]),
 ], ids=["one call", "parallel calls"])
-def test_kill_9_in_a_tool_call_resumes_with_an_error_result(serve, run, workspace, calls, answered):
+def test_kill_9_in_a_tool_call_resumes_with_an_error_result(serve, run, workspace, calls, results):
+    """A call that had started may have done its work: the model is told to check (issue 21, item 6)."""
     def model(body):
         if user_turns(body) == ["go"]:
             return reply(tool_calls=calls)
@@ -192,10 +196,8 @@ def test_kill_9_in_a_tool_call_resumes_with_an_error_result(serve, run, workspac
     messages = server.bodies[-1]["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant"] + ["tool"] * len(calls) + ["user"]
     assert [c["id"] for c in messages[2]["tool_calls"]] == [c["id"] for c in calls]
-    results = {m["tool_call_id"]: m["content"] for m in messages[3:-1]}
     assert [m["tool_call_id"] for m in messages[3:-1]] == [c["id"] for c in calls]  # each call, in order
-    for call_id, content in results.items():
-        assert (content == ERROR_RESULT) == (call_id not in answered), (call_id, content)
+    assert [m["content"] for m in messages[3:-1]] == results
     assert messages[-1] == {"role": "user", "content": "go on"}
     assert server.raw[-1].startswith(server.raw[0][:-2])
     again = run(["-c", "-p", "and again"], cwd=workspace, base_url=server.url)  # the repair was saved
@@ -262,7 +264,7 @@ def test_a_session_open_elsewhere_is_refused_but_can_be_forked(serve, run, works
         assert forked["result"] == "answer to x" and forked["session_id"] != sid
         messages = server.bodies[-1]["messages"]
         assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "user"]
-        assert messages[3]["content"] == ERROR_RESULT  # the busy session's call has no result yet
+        assert messages[3]["content"] == RUNNING_RESULT  # the busy session's call has no result yet
         assert busy.poll() is None and path.read_bytes() == before
     finally:
         with contextlib.suppress(AssertionError):
@@ -367,7 +369,8 @@ def test_no_session_persistence_writes_nothing(serve, run, workspace, tmp_path):
 
 
 def test_each_prompt_of_a_p_run_is_saved_as_sent(serve, run, workspace):
-    """A transcript is the header then the messages exactly as the last request sent them."""
+    """A transcript is the header then the messages exactly as the last request sent them, and a line saying
+    which tool calls started before they ran."""
     server = serve(tool_then_answer)
     result = result_of(run(["-p", "first", "--output-format", "json"], cwd=workspace, base_url=server.url))
     [path] = transcripts(workspace).values()
@@ -375,7 +378,9 @@ def test_each_prompt_of_a_p_run_is_saved_as_sent(serve, run, workspace):
     assert lines[0]["type"] == "header" and lines[0]["format"] == 1 and lines[0]["session_id"] == path.stem
     assert lines[0]["cwd"] == str(workspace.resolve())
     assert path.stem == result["session_id"] == header(server.headers[0], "x-session-id")
-    assert lines[1:] == server.bodies[-1]["messages"] + [{"role": "assistant", "content": "done first"}]
+    sent = server.bodies[-1]["messages"]
+    started = {"type": "started", "tool_call_ids": [sent[2]["tool_calls"][0]["id"]]}
+    assert lines[1:] == sent[:3] + [started] + sent[3:] + [{"role": "assistant", "content": "done first"}]
 
 
 # --- Bad input ---------------------------------------------------------------------------------------
@@ -489,8 +494,10 @@ def test_a_disk_that_fills_mid_run_stops_the_saving_not_the_run(serve, run, work
     assert (proc.returncode, proc.stdout) == (0, "done\n"), proc.stderr
     assert proc.stderr.startswith("solo: this session is no longer saved") and proc.stderr.count("\n") == 1
     assert path.stat().st_size <= 8192 and messages_of(path)[-1]["role"] == "assistant"  # whole lines only
-    resumed = run(["-c", "-p", "again"], cwd=workspace, base_url=server.url)
-    assert resumed.code == 0 and resumed.stderr == "", resumed.stderr
+    resumed = run(["-c", "-p", "again"], cwd=workspace, base_url=server.url)  # it says so, once (issue 21, item 5)
+    assert resumed.code == 0 and resumed.stderr.startswith("solo: this session stopped being saved at "), resumed.stderr
+    assert resumed.stderr.count("\n") == 1 and str(path) in resumed.stderr
+    assert run(["-c", "-p", "more"], cwd=workspace, base_url=server.url).stderr == ""
 
 
 @pytest.mark.parametrize("days", ["0", "-3", "a month"])
@@ -698,7 +705,7 @@ def test_leaving_the_resume_question_keeps_the_session(serve, run, session, work
     term = session(server)
     term.ask("hello", "answer to hello")
     term.send("/resume\r")
-    term.expect(r"Resume which \(1-2\)\? ")
+    term.expect(r"Resume which \(1-1\)\? ")  # this session is not offered
     term.send(key)
     term.expect(PROMPT)
     term.ask("still here", "answer to still here")
@@ -753,3 +760,120 @@ def test_continue_skips_a_session_left_without_a_prompt(serve, run, session, wor
     resumed = run(["-c", "-p", "second"], cwd=workspace, base_url=server.url)
     assert resumed.code == 0
     assert user_turns(server.bodies[-1]) == ["first", "second"]
+
+
+# --- What a crash, a full disk or a hand leaves (issue 21) ---------------------------------------------
+
+
+def strictly_valid(messages: list[dict]) -> bool:
+    """What a strict API checks: each reply's tool calls answered once, in order, right after it; no other results."""
+    at = 0
+    while at < len(messages):
+        message, at = messages[at], at + 1
+        if message["role"] == "tool":
+            return False
+        for call_ in message.get("tool_calls") or []:
+            if at == len(messages) or messages[at].get("tool_call_id") != call_["id"]:
+                return False
+            at += 1
+    return True
+
+
+ASKED = {"role": "user", "content": "the request"}
+CALLS = {"role": "assistant", "content": None, "tool_calls": [call("Read", {}, id="a"), call("Read", {}, id="b")]}
+RESULT_A, RESULT_B = ({"role": "tool", "tool_call_id": n, "content": n.upper()} for n in "ab")
+DONE = {"role": "assistant", "content": "done"}
+
+
+def test_every_prefix_of_a_compaction_resumes_to_a_conversation_with_the_request(tmp_path):
+    """A kill or a full disk between any two of a compaction's lines leaves the old or the new conversation whole;
+    it once left `truncate keep=1` alone: a resume with nothing but the system prompt (item 5)."""
+    path = tmp_path / f"{GOOD}.jsonl"
+    transcript = agent.Transcript(path, KEY)
+    transcript.write({"type": "header", "format": 1, "session_id": GOOD})
+    messages = agent.Conversation([], transcript)
+    for message in ({"role": "system", "content": "s"}, ASKED, CALLS, RESULT_A, RESULT_B, DONE):
+        messages.append(message)
+    compactor = agent.Compactor(lambda body: reply("THE SUMMARY"), lambda model: {}, lambda event: None)
+    assert compactor.compact(agent.Config(api_key=KEY, cwd=tmp_path, context_window=20_000), messages, 100)
+    lines = path.read_bytes().splitlines(keepends=True)
+    for end in range(3, len(lines) + 1):  # from the request's line on
+        resumed, _ = agent.read_transcript(b"".join(lines[:end]), path, print)
+        assert strictly_valid(resumed) and "the request" in resumed[1]["content"], lines[end - 1]
+    assert resumed == list(messages) and "THE SUMMARY" in resumed[1]["content"]
+
+
+CORRUPTIONS = {
+    "a result twice": ([CALLS, RESULT_A, RESULT_A, RESULT_B], ["A", "B"]),
+    "a reply twice": ([CALLS, CALLS, RESULT_A, RESULT_B], ["A", "B"]),
+    "results swapped": ([CALLS, RESULT_B, RESULT_A], ["A", "B"]),
+    "a result dropped": ([CALLS, RESULT_A], ["A", ERROR_RESULT]),
+    "a result before its reply": ([RESULT_A, CALLS, RESULT_B], ["A", "B"]),
+    "the reply dropped": ([RESULT_A, RESULT_B], []),
+}
+
+
+@pytest.mark.parametrize("middle, results", CORRUPTIONS.values(), ids=CORRUPTIONS)
+def test_a_transcript_put_out_of_order_is_repaired_on_loading(tmp_path, middle, results):
+    """Duplicated, swapped, dropped or misplaced lines once gave a request a strict API refuses for good (item 12)."""
+    text = transcript_text(BAD, SYSTEM, json.dumps(ASKED), *map(json.dumps, middle), json.dumps(DONE))
+    resumed, _ = agent.read_transcript(text.encode(), tmp_path / "x.jsonl", print)
+    assert strictly_valid(resumed) and resumed[1] == ASKED and resumed[-1] == DONE
+    assert [m["content"] for m in resumed if m["role"] == "tool"] == results
+
+
+def test_a_set_that_orphans_results_is_repaired_and_the_repair_saved(tmp_path):
+    sessions = agent.Sessions(agent.Config(api_key=KEY, cwd=tmp_path, solo_home=tmp_path / "solo"))
+    path = sessions.folder / f"{GOOD}.jsonl"
+    path.parent.mkdir(parents=True)
+    orphaning = {"type": "set", "index": 2, "message": {"role": "assistant", "content": "no calls"}}
+    path.write_text(transcript_text(GOOD, SYSTEM, *map(json.dumps, [ASKED, CALLS, RESULT_A, RESULT_B, orphaning])))
+    conversation = sessions.open(GOOD, [], print, resume=path)
+    assert list(conversation) == [json.loads(SYSTEM), ASKED, orphaning["message"]]
+    conversation.transcript.close()
+    assert agent.read_transcript(path.read_bytes(), path, print)[0] == list(conversation)
+    assert entries(path)[-1] == {"type": "truncate", "keep": 3, "append": []}  # later positions count in the repair
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["going on", "forked"])
+def test_continue_resume_and_fork_read_bytes_that_are_not_utf8_alike(tmp_path, fork):
+    sessions = agent.Sessions(agent.Config(api_key=KEY, cwd=tmp_path, solo_home=tmp_path / "solo"))
+    path = sessions.folder / f"{GOOD}.jsonl"
+    path.parent.mkdir(parents=True)
+    text = transcript_text(GOOD, SYSTEM, FIRST.replace("first", "caf\udce9"))
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))  # a lone byte 0xE9: not UTF-8
+    conversation = sessions.open(OTHER if fork else GOOD, [], print, resume=path, fork=fork)
+    conversation.transcript.close()
+    assert conversation[1] == {"role": "user", "content": "caf\ufffd"}
+
+
+@pytest.mark.parametrize("line", ['{"role": "assistant", "tool_calls": [{"function": {"name": "Read"}}]}',
+                                  '{"role": "user", "content": ' + "[" * 100_000 + "]" * 100_000 + "}"],
+                         ids=["a tool call without an id", "a line nested too deeply"])
+def test_lines_that_were_internal_errors_are_corrupt(tmp_path, line):
+    """They once ended the run as an internal error (KeyError, RecursionError): now exit 2, "corrupt" (item 11)."""
+    with pytest.raises(agent.UsageError, match="is corrupt"):
+        agent.read_transcript(transcript_text(BAD, SYSTEM, FIRST, line).encode(), tmp_path / "x.jsonl", print)
+
+
+def test_a_transcript_that_vanishes_while_the_folder_is_listed_is_skipped(tmp_path):
+    sessions = agent.Sessions(agent.Config(api_key=KEY, cwd=tmp_path, solo_home=tmp_path / "solo"))
+    sessions.folder.mkdir(parents=True)
+    (sessions.folder / f"{GOOD}.jsonl").write_text(transcript_text(GOOD, SYSTEM, FIRST))
+    (sessions.folder / f"{BAD}.jsonl").symlink_to(tmp_path / "deleted.jsonl")  # listed, gone when looked at
+    assert sessions.find(None) == sessions.folder / f"{GOOD}.jsonl"
+
+
+def test_a_crash_in_a_forked_skill_keeps_the_prompt(serve, fork_workspace, tmp_path):
+    """The prompt was appended only once the sub-agent returned: a kill -9 in it left no session to continue; here
+    the sub-agent's request fails, which leaves the transcript as a kill would (item 7)."""
+    server = serve(lambda body: Raw(400, {"error": {"code": 400, "message": "the crash"}})
+                   if "FORK-BODY" in body["messages"][1]["content"] else fork_model(body))
+    cfg = agent.Config(api_key=KEY, cwd=fork_workspace, base_url=server.url, tools=agent.TOOL_NAMES,
+                       solo_home=tmp_path / "solo", session_id=GOOD)
+    bot = agent.Agent(cfg, {}, lambda event: None)
+    with pytest.raises(agent.ApiError, match="the crash"):
+        bot.ask(bot.conversation(), "/audit *.py")
+    bot.transcript.close()
+    path = agent.Sessions(cfg).find(None)
+    assert agent.read_transcript(path.read_bytes(), path, print)[0][1:] == [{"role": "user", "content": "/audit *.py"}]
