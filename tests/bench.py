@@ -10,6 +10,8 @@ sandbox adds to a trivial command, and what a `true` PreToolUse hook adds to eac
 For MCP and parallel calls (issue 15): 4 Greps of ~0.5 s in one reply against the same 4 one after another,
 4 read-only MCP calls of 1 s in one reply against the slowest, start-up with one stdio MCP server against
 none, and what an MCP call costs over the server's own time. --mcp-only runs just those.
+For SDK mode (issue 23): time per turn against -p's, a control round trip, start-up to the initialize answer
+against -p's start-up to its first request. --sdk-only runs just those.
 Not collected by pytest: it takes minutes and its figures depend on the machine.
 """
 
@@ -32,6 +34,7 @@ PROGRAM, PYTHON = ROOT / "your_program.sh", ROOT / ".venv" / "bin" / "python"
 MCP_SERVER = ROOT / "tests" / "mcp_server.py"
 QUICK = "--quick" in sys.argv
 MCP_ONLY = "--mcp-only" in sys.argv
+SDK_ONLY = "--sdk-only" in sys.argv
 HOOK_ONLY = "--hook-only" in sys.argv
 RUNS = 3 if QUICK else 7
 
@@ -387,6 +390,94 @@ def mcp_rows(workspace: Path) -> list[tuple[str, str, str, str]]:
     ]
 
 
+SDK_ARGS = ["--output-format", "stream-json", "--verbose", "--system-prompt", "", "--permission-mode",
+            "bypassPermissions", "--input-format", "stream-json"]  # as the Agent SDK starts its CLI
+
+
+class SdkDriver:
+    """solo in SDK mode, driven line by line as the Agent SDK drives it (without the SDK's own costs)."""
+
+    def __init__(self, server: FakeOpenRouter, workspace: Path):
+        self.proc = subprocess.Popen([str(PROGRAM), *SDK_ARGS], cwd=workspace, env=env_for(server, workspace),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        self.ids = 0
+
+    def send(self, obj: dict) -> None:
+        self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
+
+    def until(self, kind: str) -> dict:
+        """Read lines up to the first of this type."""
+        for line in self.proc.stdout:
+            if (obj := json.loads(line))["type"] == kind:
+                return obj
+        raise SystemExit(f"solo ended before a {kind} line")
+
+    def control(self, subtype: str, **fields) -> dict:
+        self.ids += 1
+        self.send({"type": "control_request", "request_id": f"req_{self.ids}", "request": {"subtype": subtype, **fields}})
+        return self.until("control_response")
+
+    def prompt(self, text: str) -> dict:
+        self.send({"type": "user", "message": {"role": "user", "content": text}, "parent_tool_use_id": None,
+                   "session_id": "default"})
+        return self.until("result")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def sdk_rows(workspace: Path, turns: int = 200) -> list[tuple[str, str, str, str]]:
+    """SDK mode: time per model turn against -p's, a control round trip, start-up to the initialize answer
+    against -p's start-up to its first request."""
+    (workspace / "small.txt").write_text("a small file\n" * 5)
+    per_turn: dict[str, list[float]] = {"sdk": [], "p": []}
+    for _ in range(max(3, RUNS // 2)):
+        for name in per_turn:
+            with FakeOpenRouter(session_model(turns), validate=False) as server:
+                if name == "sdk":
+                    driver = SdkDriver(server, workspace)
+                    driver.control("initialize", hooks=None)
+                    driver.prompt("go")
+                    driver.close()
+                else:
+                    subprocess.run([str(PROGRAM), "-p", "go", "--output-format", "stream-json", "--verbose"],
+                                   cwd=workspace, env=env_for(server, workspace), check=True,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                per_turn[name].append((server.times[-1] - server.times[0]) / turns)
+    trips, starts = [], []
+    with FakeOpenRouter(lambda body: reply("ok"), validate=False) as server:
+        driver = SdkDriver(server, workspace)
+        driver.control("initialize", hooks=None)
+        for _ in range(200):
+            started = time.perf_counter()
+            driver.control("mcp_status")
+            trips.append(time.perf_counter() - started)
+        prompts = []
+        for _ in range(20):
+            started = time.perf_counter()
+            driver.prompt("hi")
+            prompts.append(time.perf_counter() - started)
+        driver.close()
+        for run in range(3 * RUNS + 1):  # the first only warms the caches
+            started = time.monotonic()
+            driver = SdkDriver(server, workspace)
+            driver.control("initialize", hooks=None)
+            if run:
+                starts.append(time.monotonic() - started)
+            driver.close()
+    start_p = startup(workspace)[0]
+    sdk, p = statistics.median(per_turn["sdk"]), statistics.median(per_turn["p"])
+    return [
+        ("SDK mode: time per turn, 200 turns", f"{sdk * 1000:.2f} ms", f"{p * 1000:.2f} ms -p",
+         f"{sdk / p:.2f}x (target <= 1.5x)"),
+        ("SDK mode: one prompt answered", f"{statistics.median(prompts) * 1000:.1f} ms", "", "prompt to result"),
+        ("SDK mode: control round trip", f"{statistics.median(trips) * 1000:.2f} ms", "", "median (target <= 5 ms)"),
+        ("SDK mode: start-up to initialize answer", f"{statistics.median(starts) * 1000:.0f} ms",
+         f"{start_p * 1000:.0f} ms -p", f"{statistics.median(starts) / start_p:.2f}x (target <= 1.3x)"),
+    ]
+
+
 def print_rows(rows: list[tuple[str, str, str, str]]) -> None:
     print(f"{'measure':36} {'solo':>12} {'floor':>16}  verdict")
     for name, value, floor, verdict in rows:
@@ -406,10 +497,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
             print_rows(mcp_rows(Path(tmp)))
         return
+    if SDK_ONLY:
+        with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
+            print_rows(sdk_rows(Path(tmp)))
+        return
     with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
         workspace = Path(tmp)
         sandbox = sandbox_cost(workspace)
         mcp = mcp_rows(workspace)
+        sdk = sdk_rows(workspace)
         start_agent, start_floor = startup(workspace)
         turns, largest = per_turn(workspace)
         delay = chunk_to_stdout(workspace)
@@ -439,7 +535,7 @@ def main() -> None:
         ("PreToolUse hook `true` on every call", f"+{(hooked - plain) * 1000:.2f} ms a call",
          f"{shell * 1000:.2f} ms its process alone", f"{(hooked - plain) / shell:.2f}x its process"),
     ]
-    print_rows(rows + mcp)
+    print_rows(rows + mcp + sdk)
     print("\n400-turn session in a 20,000-token window:")
     for label, result in long.items():
         print(f"  {label}: {result['outcome']!r} after {result['turns']} turns; {result['summaries']} compactions, "

@@ -56,8 +56,8 @@ def test_each_request_starts_with_the_previous_one_byte_for_byte(serve, run, wor
 def test_usage_is_summed_across_turns(serve, run, workspace):
     server = serve(five_tool_turns)
     result = run(["-p", "go", "--output-format", "json", "-v"], cwd=workspace, base_url=server.url)
-    obj = json.loads(result.stdout)
-    assert obj["usage"] == {"requests": 6, "input_tokens": 600, "output_tokens": 60,
+    obj = json.loads(result.stdout)[-1]  # with --verbose: Claude Code's array of every event, the result last
+    assert obj["usage"] == {"requests": 6, "input_tokens": 180, "output_tokens": 60,  # 600 less cache reads and writes
                             "cache_read_input_tokens": 300, "cache_creation_input_tokens": 120}
     assert abs(obj["total_cost_usd"] - 0.006) < 1e-9
     assert "6 requests, 600 prompt tokens (300 cached, 120 cache writes), 60 completion tokens, $0.0060" in result.stderr

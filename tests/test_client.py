@@ -95,9 +95,10 @@ def test_failures(name):
     assert len(responses.calls) == retries + 1
     assert len(waits) == len(logs) == retries
     assert [e["retry_delay_ms"] for e in logs] == [int(w * 1000) for w in waits]
-    assert [e["attempt"] for e in logs] == list(range(2, retries + 2))
+    assert [e["attempt"] for e in logs] == list(range(1, retries + 1))  # retries counted from 1, as Claude Code does
     if name.startswith("429"):
-        assert waits == [3.0] and logs[0]["error"] == "HTTP 429: slow down" and logs[0]["error_status"] == 429
+        assert waits == [3.0] and logs[0]["message"] == "HTTP 429: slow down" and logs[0]["error_status"] == 429
+        assert logs[0]["error"] == "rate_limit"  # Claude Code's category; the text is in `message`
 
 
 @pytest.mark.parametrize("body", ["<html><body>Not Found</body></html>", error(404, "Not Found")])

@@ -458,7 +458,8 @@ def test_a_missing_tmpdir_falls_back_to_the_system_temp_folder(serve, run, works
     (["--permission-mode", "yolo"], {}, "argument --permission-mode: invalid choice: 'yolo'"),
     (["--sandbox", "workspace-write", "--add-dir", "no/such/folder"], {}, "--add-dir no/such/folder: no such folder"),
     (["--add-dir", "README.md"], {}, "--add-dir README.md: no such folder"),  # a file is not a folder
-    (["--add-dir", "."], {}, "--add-dir .: it goes with --sandbox workspace-write"),
+    (["--sandbox", "read-only", "--add-dir", "."], {}, "--add-dir .: it does not go with --sandbox read-only"),  # without
+    # a sandbox --add-dir is accepted now, as Claude Code accepts it (the SDK passes it)
     (["--yes", "--permission-mode", "plan"], {}, "--yes means --permission-mode bypassPermissions, not plan"),
 ])
 def test_usage_errors(serve, run, workspace, flags, env, message):

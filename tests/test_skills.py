@@ -268,8 +268,9 @@ def test_home_skills_are_found(serve, run, workspace, tmp_path):
     assert "MINE-BODY" in server.bodies[0]["messages"][1]["content"]
 
 
-def test_disallowing_the_skill_tool_drops_the_catalog_but_slash_still_works(serve, run, skills_workspace):
+def test_not_offering_the_skill_tool_drops_the_catalog_but_slash_still_works(serve, run, skills_workspace):
     server = serve(lambda body: reply("ok"))
-    run(["-p", "/swap a b", "--disallowed-tools", "Skill"], cwd=skills_workspace, base_url=server.url)
+    run(["-p", "/swap a b", "--tools", "Read,Bash"], cwd=skills_workspace, base_url=server.url)  # not offered
+    # (--disallowed-tools is a rule now, which refuses a call but offers the tool)
     assert "Available skills" not in server.bodies[0]["messages"][0]["content"]
     assert "SWAP-BODY b a" in server.bodies[0]["messages"][1]["content"]

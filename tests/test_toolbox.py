@@ -445,7 +445,8 @@ def test_sub_agents_run_side_by_side_with_their_own_conversations(serve, run, wo
     chains = {json.loads(line).get("agent") for line in transcript if '"sidechain"' in line}
     assert chains == {"general-purpose: look around", "reviewer: review"}
     main_lines = [json.loads(line) for line in transcript[1:] if '"sidechain"' not in line]
-    assert [m["role"] for m in main_lines if "role" in m] == ["system", "user", "assistant", "tool", "tool", "tool", "assistant"]
+    assert [m["role"] for m in main_lines if "role" in m] == ["system", "user", "assistant", "tool", "tool", "tool",
+                                                              "assistant"]
 
 
 def test_plan_mode_gives_sub_agents_read_only_tools(serve, run, workspace):

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -380,7 +381,28 @@ def test_each_prompt_of_a_p_run_is_saved_as_sent(serve, run, workspace):
     assert path.stem == result["session_id"] == header(server.headers[0], "x-session-id")
     sent = server.bodies[-1]["messages"]
     started = {"type": "started", "tool_call_ids": [sent[2]["tool_calls"][0]["id"]]}
-    assert lines[1:] == sent[:3] + [started] + sent[3:] + [{"role": "assistant", "content": "done first"}]
+    usage = [line for line in lines if line.get("type") == "assistant"]  # one per reply, in Claude Code's shape
+    assert [line for line in lines[1:] if line not in usage] == sent[:3] + [started] + sent[3:] + [
+        {"role": "assistant", "content": "done first"}]
+    assert len(usage) == 2 and {u["sessionId"] for u in usage} == {path.stem} and usage[0]["costUSD"] == 0.001
+    assert usage[0]["message"]["usage"] == {"input_tokens": 30, "cache_creation_input_tokens": 20,
+                                            "cache_read_input_tokens": 50, "output_tokens": 10}
+    assert b'"type":"assistant","isSidechain":false' in path.read_bytes()  # ccusage reads only compact lines
+
+
+def test_ccusage_reports_solo_sessions(serve, run, workspace, tmp_path):
+    """ccusage (npm), pointed at SOLO_HOME with CLAUDE_CONFIG_DIR, reads tokens, model and cost."""
+    ccusage = shutil.which("ccusage") or os.environ.get("CCUSAGE")
+    if not ccusage:
+        pytest.skip("ccusage is not installed (npm install ccusage; or set CCUSAGE to its path)")
+    server = serve(tool_then_answer)
+    solo = tmp_path / "solo-home"
+    assert run(["-p", "first"], cwd=workspace, base_url=server.url, env={"SOLO_HOME": str(solo)}).code == 0
+    report = subprocess.run([ccusage, "session", "--json", "--offline"], capture_output=True, text=True,
+                            env={**os.environ, "CLAUDE_CONFIG_DIR": str(solo)}, timeout=60)
+    totals = json.loads(report.stdout)["totals"]
+    assert (totals["inputTokens"], totals["cacheReadTokens"], totals["cacheCreationTokens"]) == (60, 100, 40)
+    assert totals["outputTokens"] == 20 and totals["totalCost"] == pytest.approx(0.002)
 
 
 # --- Bad input ---------------------------------------------------------------------------------------
