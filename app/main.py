@@ -5,9 +5,10 @@ Usage (`solo` installed, or ./your_program.sh in the repository):
     solo [options]                 read the prompt from piped stdin, or start a session
 
 The agent sends the conversation and its tool specs to OpenRouter's chat completions API, runs every
-tool call the model makes (Read, Write, Edit, Bash, Glob, Grep, Skill) in the working directory, sends
-the results back, and loops until the model answers without tool calls. stdout carries the answer and
-nothing else; progress, warnings and errors go to stderr.
+tool call the model makes (Read, Write, Edit, Bash, Glob, Grep, Skill, NotebookEdit, BashOutput, KillShell,
+WebFetch, WebSearch, TodoWrite, Agent) in the working directory, sends the results back, and loops until the
+model answers without tool calls. stdout carries the answer and nothing else; progress, warnings and errors go
+to stderr.
 
 Examples:
     solo -p "What does this project do?"           # answer one prompt and exit
@@ -124,6 +125,12 @@ REPLY_BYTES, REPLY_SECONDS = 256_000_000, 1800.0  # one streamed reply may be no
 MODEL_LIST_SECONDS = 86_400  # the model list (context windows, prices) is asked again after a day
 SHRINK_ATTEMPTS = 3  # times the conversation is shrunk after a context-length refusal
 STUB_MIN_CHARS = 400  # tool results shorter than this are not worth replacing with a stub
+IMAGE_LIMIT = 5 << 20  # bytes of one image sent to the model
+NOTEBOOK_OUTPUT_LIMIT = 2_000  # characters of one cell output Read shows
+SHELLS_AT_ONCE = 8  # background shells running at one time
+AGENTS_AT_ONCE = 4  # sub-agents of one reply running at one time
+WEB_TIMEOUTS, WEB_SECONDS = (10.0, 30.0), 60.0  # WebFetch: connect, longest silence; a whole page
+WEB_BYTES, WEB_TEXT_LIMIT = 5 << 20, 100_000  # bytes of a page read; characters of its text the model reads
 
 
 class Layer(NamedTuple):
@@ -1179,6 +1186,12 @@ class ToolContext(NamedTuple):
     sandbox: Sandbox | None = None  # where writes may go; None: anywhere
     spawner: Spawner | None = None  # starts processes that die with solo; None: plain Popen (in tests)
     guard: Guard | None = None  # files no confined write may change (git hooks and config, MCP and Claude settings)
+    emit: Callable[[dict], None] | None = None  # shows an event to the user (the to-do list)
+    todos: list | None = None  # the conversation's to-do list, replaced in place by TodoWrite
+    shells: Shells | None = None  # the run's background shells
+    delegate: Callable[[str, str, str], str] | None = None  # runs a sub-agent (type, description, prompt); None in one
+    side: Callable[..., dict] | None = None  # a request beside the conversation (messages, body fields): its reply
+    blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
 
 
 class Tool(NamedTuple):
@@ -1336,6 +1349,14 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     path = existing_file(ctx, file_path)
     if offset < 1 or limit < 1:
         raise ToolError("offset and limit must be at least 1")
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if image_type(head):  # a line about it here, the image itself in a message after the results
+        about, part = image_part(path, file_path)
+        check_sight(ctx)
+        return attached(f"[{about}; the image follows in the next message]", [part])
+    if path.suffix == ".ipynb" and (notebook := read_notebook(ctx, path)) is not None:
+        return notebook
     st, key = path.stat(), (str(path.resolve()), offset, limit)
     stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
     if ctx.reads is not None and ctx.reads.get(key) == stamp:
@@ -1497,8 +1518,11 @@ def starter(ctx: ToolContext) -> Callable[..., subprocess.Popen]:
     return spawner.popen if spawner else subprocess.Popen
 
 
-def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS) -> str:
-    """Run a command with bash in its own process group; return its output and exit code."""
+def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, run_in_background: bool = False) -> str:
+    """Run a command with bash in its own process group; return its output and exit code (or, in the
+    background, its shell id at once)."""
+    if run_in_background:
+        return start_shell(ctx, command)
     timeout = min(timeout, BASH_MAX_TIMEOUT_MS) if timeout > 0 else BASH_TIMEOUT_MS
     out, notes, proc, closed = HeadTail(RESULT_LIMIT // 2 - 200), [], None, False  # room for the notes
     undone = ctx.guard.undo() if ctx.guard else []  # guarded files a background process changed since the last command
@@ -1941,6 +1965,588 @@ def render_command(command: Command, arguments: str, cwd: Path, run: Callable[[s
     return attach_mentions(cwd, body, inside=True)
 
 
+# --- Images and notebooks -------------------------------------------------------------------------
+
+
+class Attached(str):
+    """A tool result with image parts: the text answers the call, the parts follow in one user message."""
+
+    parts: tuple[dict, ...] = ()
+
+
+def attached(text: str, parts: Iterable[dict]) -> Attached:
+    """A result carrying image parts."""
+    result = Attached(text)
+    result.parts = tuple(parts)
+    return result
+
+
+IMAGE_MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF87a": "image/gif",
+               b"GIF89a": "image/gif"}
+
+
+def image_type(head: bytes) -> str | None:
+    """An image's media type from its first bytes (PNG, JPEG, GIF, WebP); None for anything else."""
+    webp = "image/webp" if head[:4] == b"RIFF" and head[8:12] == b"WEBP" else None
+    return next((kind for magic, kind in IMAGE_MAGIC.items() if head.startswith(magic)), webp)
+
+
+def jpeg_size(data: bytes) -> tuple[int, int]:
+    """A JPEG's width and height from its first frame header; ValueError when it has none."""
+    i = 2
+    while i + 9 <= len(data) and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD8:  # fill bytes, markers without a length
+            i += 1 if marker == 0xFF else 2
+            continue
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            height, width = struct.unpack(">HH", data[i + 5: i + 9])
+            return width, height
+        i += 2 + struct.unpack(">H", data[i + 2: i + 4])[0]
+    raise ValueError("no frame header")
+
+
+def image_size(kind: str, data: bytes) -> tuple[int, int]:
+    """An image's width and height from its header; ValueError (or struct.error) when it is corrupt or cut short."""
+    if kind == "image/png":
+        ok = data[12:16] == b"IHDR" and zlib.crc32(data[12:29]) == struct.unpack(">I", data[29:33])[0]
+        ok = ok and data.endswith(b"IEND\xaeB`\x82")
+        width, height = struct.unpack(">II", data[16:24])
+    elif kind == "image/jpeg":
+        ok, (width, height) = data.rstrip(b"\0").endswith(b"\xff\xd9"), jpeg_size(data)
+    elif kind == "image/gif":
+        ok, (width, height) = data.endswith(b";"), struct.unpack("<HH", data[6:10])
+    else:
+        chunk, ok = data[12:16], struct.unpack("<I", data[4:8])[0] + 8 == len(data)
+        if chunk == b"VP8X":
+            width, height = (1 + int.from_bytes(data[at: at + 3], "little") for at in (24, 27))
+        elif chunk == b"VP8L":
+            bits = struct.unpack("<I", data[21:25])[0]
+            width, height = 1 + (bits & 0x3FFF), 1 + (bits >> 14 & 0x3FFF)
+        else:
+            ok = ok and chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a"
+            width, height = (struct.unpack("<H", data[at: at + 2])[0] & 0x3FFF for at in (26, 28))
+    if not (ok and width and height):
+        raise ValueError("corrupt")
+    return width, height
+
+
+def check_sight(ctx: ToolContext) -> None:
+    """ToolError when the model in use cannot take images."""
+    if ctx.blind and (model := ctx.blind()):
+        raise ToolError(f"the model {model} cannot take images (OpenRouter's model list gives it no image input)")
+
+
+def image_part(path: Path, file_path: str) -> tuple[str, dict]:
+    """An image file as a line describing it and an image_url part; ToolError when too large or corrupt."""
+    size = path.stat().st_size
+    if size > IMAGE_LIMIT:
+        raise ToolError(f"{file_path} is an image of {size} bytes; images over {IMAGE_LIMIT >> 20} MB are not sent")
+    data = path.read_bytes()
+    kind = image_type(data[:16]) or "image/?"
+    try:
+        width, height = image_size(kind, data)
+    except (ValueError, struct.error):
+        raise ToolError(f"{file_path} is not a valid {kind[6:].upper()} image (corrupt or cut short)") from None
+    import base64
+    url = f"data:{kind};base64,{base64.b64encode(data).decode()}"
+    return (f"{file_path}: {kind[6:].upper()} image, {width}x{height} pixels, {size} bytes",
+            {"type": "image_url", "image_url": {"url": url}})
+
+
+def cell_text(value: Any) -> str:
+    """A notebook field that is a string or a list of lines, as one string."""
+    return "".join(value) if isinstance(value, list) else str(value or "")
+
+
+def output_text(output: dict, parts: list[dict], sighted: bool) -> str:
+    """One cell output as bounded text; its images go to `parts` when the model can take them."""
+    data = output.get("data") if isinstance(output.get("data"), dict) else {}
+    for kind in ("image/png", "image/jpeg"):
+        if kind in data:
+            if not sighted:
+                return f"[{kind} output: the model cannot take images]"
+            encoded = re.sub(r"\s", "", cell_text(data[kind]))
+            parts.append({"type": "image_url", "image_url": {"url": f"data:{kind};base64,{encoded}"}})
+            return f"[{kind} output: image {len(parts)} in the next message]"
+    if output.get("output_type") == "error":
+        text = f"{output.get('ename')}: {output.get('evalue')}\n" + "\n".join(output.get("traceback") or [])
+    else:
+        text = cell_text(output.get("text") if "text" in output else data.get("text/plain"))
+    return clip(TERMINAL_CONTROLS.sub("", text), NOTEBOOK_OUTPUT_LIMIT)
+
+
+def read_notebook(ctx: ToolContext, path: Path) -> str | None:
+    """Read's result for a notebook: its cells with their outputs; None when it is not notebook JSON."""
+    try:
+        cells = json.loads(path.read_bytes())["cells"]
+        assert isinstance(cells, list) and all(isinstance(cell, dict) for cell in cells)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        return None
+    shown, parts, sighted = [], [], not (ctx.blind and ctx.blind())
+    for index, cell in enumerate(cells):
+        count = f" execution_count={cell['execution_count']}" if cell.get("execution_count") is not None else ""
+        shown.append(f'<cell id="{cell.get("id") or f"cell-{index}"}" type="{cell.get("cell_type")}"{count}>\n'
+                     f"{cell_text(cell.get('source'))}")
+        outputs = [output_text(o, parts, sighted) for o in cell.get("outputs") or [] if isinstance(o, dict)]
+        shown += [f"<output>\n{text.rstrip(chr(10))}\n</output>" for text in outputs if text]
+        shown.append("</cell>")
+    text = "\n".join(shown) or "(the notebook has no cells)"
+    return attached(text, parts) if parts else text
+
+
+def json_spans(text: str) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """Where each cell of a notebook's JSON text starts and ends, and where its cells array does."""
+    decoder, space = json.JSONDecoder(), re.compile(r"[\s,]*")  # commas: only where the JSON is valid
+    i = space.match(text, text.index("{") + 1).end()
+    while text[i] == '"':
+        key, i = json.decoder.scanstring(text, i + 1)
+        i = re.compile(r"\s*:\s*").match(text, i).end()
+        if key == "cells":
+            spans, start, i = [], i, space.match(text, i + 1).end()
+            while text[i] != "]":
+                spans.append((i, decoder.raw_decode(text, i)[1]))
+                i = space.match(text, spans[-1][1]).end()
+            return spans, (start, i + 1)
+        i = space.match(text, decoder.raw_decode(text, i)[1]).end()
+    raise ValueError("no cells")
+
+
+def margin_at(text: str, at: int) -> str:
+    """The whitespace that opens the line holding position `at`."""
+    line = text[text.rfind("\n", 0, at) + 1: at]
+    return line[: len(line) - len(line.lstrip())]
+
+
+def splice_cells(text: str, spans: list[tuple[int, int]], array: tuple[int, int], cells: list[Any]) -> str:
+    """The notebook's text with its cells array holding these cells (texts kept as they are, dicts written in the
+    file's indentation and escaping); everything else byte for byte."""
+    unit = len(found.group(1)) if (found := re.match(r"\s*\{\n( *)", text)) else None  # None: JSON on one line
+    margin = margin_at(text, spans[0][0]) if spans else margin_at(text, array[0]) + " " * (unit or 0)
+    escape = text.isascii() and "\\u" in text
+    cells = [c if isinstance(c, str) else json.dumps(c, indent=unit, ensure_ascii=escape, separators=None if unit
+                                                     is not None else (",", ":")).replace("\n", "\n" + margin)
+             for c in cells]
+    head, tail = (text[array[0]: spans[0][0]], text[spans[-1][1]: array[1]]) if spans else \
+        ("[\n" + margin, "\n" + margin_at(text, array[0]) + "]") if unit is not None else ("[", "]")
+    between = text[spans[0][1]: spans[1][0]] if len(spans) > 1 else "," + ("\n" + margin) * (unit is not None)
+    return text[:array[0]] + (head + between.join(cells) + tail if cells else "[]") + text[array[1]:]
+
+
+def new_cell(cell_type: str, source: Any, old: dict) -> dict:
+    """A cell of a type with a source, keeping an old cell's id and metadata; keys in nbformat's order."""
+    cell = {"cell_type": cell_type, **({"execution_count": None} if cell_type == "code" else {})}
+    cell.update({"id": old["id"]} if "id" in old else {})
+    cell.update(metadata=old.get("metadata", {}), **({"outputs": []} if cell_type == "code" else {}), source=source)
+    return cell
+
+
+def find_cell(cells: list, cell_id: str) -> int:
+    """The index of the cell with this id (or cell-N for the Nth); ToolError naming the ids when none has it."""
+    ids = [cell.get("id") or f"cell-{i}" for i, cell in enumerate(cells)]
+    if cell_id in ids or cell_id in (names := [f"cell-{i}" for i in range(len(cells))]):
+        return ids.index(cell_id) if cell_id in ids else names.index(cell_id)
+    raise ToolError(f"no cell {cell_id}; the cells are: {', '.join(ids[:50]) or 'none'}; the file was left as is")
+
+
+def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "", cell_id: str = "",
+                       cell_type: str = "", edit_mode: str = "replace") -> str:
+    """Replace, insert or delete one cell of a notebook, leaving the other cells and the format byte for byte."""
+    path = existing_file(ctx, notebook_path)
+    if ctx.sandbox:
+        ctx.sandbox.check(path, notebook_path)
+    if edit_mode not in ("replace", "insert", "delete") or cell_type not in ("", "code", "markdown"):
+        raise ToolError("edit_mode is replace, insert or delete; cell_type is code or markdown")
+    text = read_small(path, EDIT_MAX_BYTES)
+    try:
+        notebook, (spans, array) = json.loads(text), json_spans(text)
+        cells = notebook["cells"]
+        assert isinstance(cells, list) and len(cells) == len(spans) and all(isinstance(c, dict) for c in cells)
+    except (ValueError, KeyError, TypeError, IndexError, AssertionError):
+        raise ToolError(f"{notebook_path} is not a valid notebook (JSON with a cells list); it was left as is") \
+            from None
+    index = find_cell(cells, cell_id) if cell_id or edit_mode != "insert" else -1
+    lines = any(isinstance(cell.get("source"), list) for cell in cells) or not cells  # nbformat writes lists
+    source = new_source.splitlines(keepends=True) if lines else new_source
+    pieces: list[Any] = [text[start:end] for start, end in spans]
+    if edit_mode == "delete":
+        del pieces[index]
+        done = f"Deleted cell {cell_id}"
+    elif edit_mode == "replace":
+        cell = pieces[index] = cells[index] if cell_type in ("", cells[index].get("cell_type")) else \
+            new_cell(cell_type, source, cells[index])
+        cell.update({"source": source, **({"execution_count": None, "outputs": []} if cell.get("cell_type") == "code"
+                                          else {})})  # the old code's outputs would mislead
+        done = f"Replaced cell {cell_id}"
+    elif not cell_type:
+        raise ToolError("insert needs cell_type (code or markdown)")
+    else:
+        ids = any("id" in cell for cell in cells) or notebook.get("nbformat_minor", 0) >= 5
+        pieces.insert(index + 1, cell := new_cell(cell_type, source, {"id": os.urandom(4).hex()} if ids else {}))
+        done = f"Inserted a {cell_type} cell" + (f" with id {cell['id']}" if ids else "") + (
+            f" after cell {cell_id}" if cell_id else " at the top")
+    write_file(ctx, path, splice_cells(text, spans, array, pieces).encode("utf-8", "surrogateescape"), notebook_path)
+    forget_reads(ctx, path)
+    return f"{done} in {notebook_path}"
+
+
+# --- Background shells ----------------------------------------------------------------------------
+
+
+class Shell:
+    """A command running in the background: its process, and its output since the last read (head and tail)."""
+
+    def __init__(self, command: str, proc: subprocess.Popen):
+        self.command, self.proc, self.code = command, proc, None  # code: set once it exited and its output is in
+        self.out, self.lock = HeadTail(RESULT_LIMIT // 2 - 200), threading.Lock()
+        threading.Thread(target=self.pump, daemon=True).start()
+
+    def pump(self) -> None:
+        """Keep what the command writes until it exits (a process it leaves holding the pipe is not waited for)."""
+        fd = self.proc.stdout.fileno()
+        while True:
+            if select.select([fd], [], [], 0.2)[0]:
+                if chunk := os.read(fd, 1 << 16):
+                    with self.lock:
+                        self.out.feed(chunk)
+                    continue
+            elif self.proc.poll() is None:
+                continue
+            code = self.proc.wait()  # the pipe ended, or the shell exited and what it left holds the pipe
+            self.proc.stdout.close()
+            self.code = code
+            return
+
+    def take(self) -> tuple[str, str]:
+        """The state (running / exit code) and what arrived since the last take (all of it, once it ended)."""
+        state = self.state()
+        with self.lock:
+            out, self.out = self.out, HeadTail(self.out.keep)
+        return state, out.text()
+
+    def state(self) -> str:
+        """running, or how it ended."""
+        code = self.code
+        return "running" if code is None else f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+class Shells:
+    """The background shells of a run: at most SHELLS_AT_ONCE running, all ended with solo."""
+
+    def __init__(self) -> None:
+        self.shells: dict[str, Shell] = {}
+        self.lock = threading.Lock()
+
+    def start(self, popen: Callable[..., subprocess.Popen], command: str, cwd: Path, env: dict[str, str]) -> str:
+        """Start a command in its own process group; its shell id."""
+        with self.lock:
+            if sum(shell.code is None for shell in self.shells.values()) >= SHELLS_AT_ONCE:
+                raise ToolError(f"{SHELLS_AT_ONCE} background shells are running already; end one with KillShell")
+            with signals_held():
+                proc = popen(["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            shell_id = f"bash_{len(self.shells) + 1}"
+            self.shells[shell_id] = Shell(command, proc)
+        return shell_id
+
+    def get(self, shell_id: str) -> Shell:
+        """The shell with this id; ToolError naming the ones there are."""
+        if shell_id not in self.shells:
+            raise ToolError(f"no background shell {shell_id}; shells: {', '.join(self.shells) or 'none'}")
+        return self.shells[shell_id]
+
+    def kill(self, shell_id: str) -> bool:
+        """End a shell and everything in its process group; False when it had exited already."""
+        shell = self.get(shell_id)
+        running = shell.code is None and signal_group(shell.proc.pid, signal.SIGKILL)
+        shell.proc.wait()
+        return running
+
+    def close(self) -> None:
+        """End every shell still running."""
+        for shell_id in self.shells:
+            self.kill(shell_id)
+
+
+def start_shell(ctx: ToolContext, command: str) -> str:
+    """Bash with run_in_background: start the command, return its shell id at once."""
+    if ctx.shells is None:
+        raise ToolError("background shells are not available here")
+    shell_id = ctx.shells.start(starter(ctx), command, ctx.cwd, ctx.env)
+    return f"Started in the background as {shell_id}. Read its output with BashOutput; end it with KillShell."
+
+
+def tool_bash_output(ctx: ToolContext, bash_id: str, filter: str = "") -> str:
+    """What a background shell wrote since the last read (only lines matching `filter`), and its state."""
+    try:
+        regex = re.compile(filter) if filter else None
+    except re.error as error:
+        raise ToolError(f"filter is not a valid regular expression: {error}") from None
+    if ctx.shells is None:
+        raise ToolError(f"no background shell {bash_id}")
+    state, text = ctx.shells.get(bash_id).take()
+    if regex and text:
+        lines = text.splitlines()
+        kept = [line for line in lines if regex.search(line)]
+        text = "\n".join(kept) + f"\n[{len(kept)} of {len(lines)} new lines matched the filter]"
+    return f"{text.rstrip(chr(10)) or '(no new output)'}\n[{state}]"
+
+
+def tool_kill_shell(ctx: ToolContext, shell_id: str) -> str:
+    """End a background shell and its process group."""
+    if ctx.shells is None:
+        raise ToolError(f"no background shell {shell_id}")
+    if ctx.shells.kill(shell_id):
+        return f"Killed {shell_id}"
+    return f"{shell_id} had already ended ({ctx.shells.get(shell_id).state()})"
+
+
+# --- Web ------------------------------------------------------------------------------------------
+
+
+HEADINGS = {f"h{n}": "#" * n for n in range(1, 7)}
+BLOCK_TAGS = {"p", "div", "section", "article", "main", "header", "footer", "nav", "blockquote", "table", "ul", "ol",
+              "dl", "dt", "dd", "figure", "form", "hr", *HEADINGS}
+SKIPPED_TAGS = {"script", "style", "noscript", "template", "svg", "head", "iframe"}
+
+
+class PageText:
+    """An HTML page as readable Markdown-like text: headings, links, lists, code, tables; scripts and styles dropped
+    (the handlers of an html.parser.HTMLParser, which is imported only when a page is read)."""
+
+    def __init__(self, url: str):
+        super().__init__(convert_charrefs=True)
+        self.url, self.out, self.skip, self.pre, self.lists, self.links = url, [], 0, 0, [], []
+        self.cells = self.rows = 0  # of the table row and the table so far: a header line follows the first row
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        """Open an element."""
+        self.skip += tag in SKIPPED_TAGS
+        if tag in ("ul", "ol"):
+            self.lists.append([tag, 0])
+        if tag == "li" and self.lists:
+            self.lists[-1][1] += 1
+            kind, count = self.lists[-1]
+            self.out.append("\n" + "  " * (len(self.lists) - 1) + (f"{count}. " if kind == "ol" else "- "))
+        if tag == "a":
+            self.links.append(dict(attrs).get("href") or "")
+        self.rows = 0 if tag == "table" else self.rows
+        self.pre += tag == "pre"
+        self.cells += tag in ("td", "th")
+        block = "\n\n" + HEADINGS.get(tag, "") + " " * (tag in HEADINGS) if tag in BLOCK_TAGS else ""
+        self.out.append({"pre": "\n\n```\n", "code": "`" * (not self.pre), "a": "[", "td": "| ", "th": "| ",
+                         "br": "\n"}.get(tag, block))
+
+    def handle_endtag(self, tag: str) -> None:
+        """Close an element."""
+        import urllib.parse  # already loaded by requests: free
+        self.skip -= tag in SKIPPED_TAGS and self.skip > 0
+        if tag in ("ul", "ol") and self.lists:
+            self.lists.pop()
+        if tag == "a" and self.links:
+            href = self.links.pop()
+            self.out.append(f"]({urllib.parse.urljoin(self.url, href)})" if href and href[0] != "#" else "]")
+        elif tag == "tr":
+            self.rows += 1
+            self.out.append("|\n" + ("| --- " * self.cells + "|\n") * (self.rows == 1 and self.cells > 0))
+            self.cells = 0
+        elif tag == "pre" and self.pre:
+            self.pre -= 1
+            self.out.append("\n```\n\n")
+        else:
+            self.out.append({"code": "`" * (not self.pre), "td": " ", "th": " "}.get(tag, "\n\n" * (tag in BLOCK_TAGS)))
+
+    def handle_data(self, data: str) -> None:
+        """Text, as it is inside <pre>, else with its runs of whitespace made one space."""
+        if not self.skip:
+            self.out.append(data if self.pre else re.sub(r"\s+", " ", data))
+
+    def text(self) -> str:
+        """The page's text so far."""
+        return re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+\n", "\n", "".join(self.out))).strip()
+
+
+def page_text(html_text: str, url: str) -> str:
+    """An HTML page as Markdown-like text."""
+    import html.parser  # only when a page is read: it costs start-up time
+    parser = type("PageParser", (PageText, html.parser.HTMLParser), {})(url)
+    parser.feed(html_text)
+    parser.close()
+    return parser.text()
+
+
+def web_url(ctx: ToolContext, url: str) -> str:
+    """The URL to fetch: http(s) only, http made https but on this machine; ToolError where the sandbox has no
+    network."""
+    import urllib.parse  # already loaded by requests: free
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ToolError(f"{url} is not an http(s) URL")
+    if ctx.sandbox and not ctx.sandbox.network:
+        raise ToolError("the sandbox forbids the network (--sandbox-network off): nothing can be fetched")
+    return urllib.parse.urlunsplit(parts._replace(scheme="https")) if not on_loopback(url) else url.strip()
+
+
+def fetch_page(url: str) -> tuple[str, str]:
+    """A page's URL and text (HTML made readable), following redirects on its own host; a redirect to another host
+    comes back as ("", a note saying where it leads)."""
+    import urllib.parse  # already loaded by requests: free
+    with requests.Session() as session:
+        session.auth = lambda request: request  # set, so requests never sends ~/.netrc's credentials to a page
+        for _ in range(10):
+            try:
+                response = session.get(url, stream=True, allow_redirects=False, timeout=WEB_TIMEOUTS,
+                                       headers={"User-Agent": f"solo/{VERSION}", "Accept": "text/html, text/*, */*"})
+            except requests.RequestException as error:
+                raise ToolError(f"could not fetch {url}: {one_line(str(error), 200)}") from None
+            with response:
+                if not response.is_redirect:
+                    return url, page_body(response, url)
+                target = urllib.parse.urljoin(url, response.headers.get("Location", ""))
+                if host_of(target) != host_of(url):
+                    return "", f"{url} redirects to {target}, on another host; fetch that URL to follow it"
+                url = target
+    raise ToolError(f"{url} redirects too many times")
+
+
+def page_body(response: requests.Response, url: str) -> str:
+    """A fetched page's text: at most WEB_BYTES read; ToolError for an error status or binary content."""
+    if response.status_code >= 400:
+        raise ToolError(f"{url} answered HTTP {response.status_code} {response.reason}")
+    kind = response.headers.get("Content-Type", "").lower()
+    data, started = b"", time.monotonic()
+    try:
+        for chunk in response.iter_content(1 << 16):
+            data += chunk
+            if len(data) > WEB_BYTES or time.monotonic() - started > WEB_SECONDS:
+                break
+    except requests.RequestException as error:
+        raise ToolError(f"the page {url} broke off: {one_line(str(error), 200)}") from None
+    textual = not kind or kind.startswith("text/") or re.search(r"json|xml|javascript", kind)
+    if not textual or sniff_encoding(data[:SNIFF_BYTES]) is None:
+        raise ToolError(f"{url} is {kind.split(';')[0] or 'binary data'} ({len(data)} bytes), not a page to read")
+    charset = re.search(r"charset=([\w-]+)", kind)
+    try:
+        text = data[:WEB_BYTES].decode(charset.group(1) if charset else "utf-8", errors="replace")
+    except LookupError:
+        text = data[:WEB_BYTES].decode("utf-8", errors="replace")
+    text = page_text(text, url) if "html" in kind or re.match(r"\s*<(!doctype|html)", text, re.I) else text
+    cut = len(data) > WEB_BYTES or time.monotonic() - started > WEB_SECONDS
+    return text + (f"\n[the page was cut at {len(data[:WEB_BYTES])} bytes]" if cut else "")
+
+
+WEB_READER = ("You read a web page for a coding agent and answer its request from the page alone: briefly, exactly, "
+              "quoting code, commands and numbers verbatim. Say so when the page does not answer it.")
+
+
+def tool_web_fetch(ctx: ToolContext, url: str, prompt: str) -> str:
+    """Fetch a page and have the model answer the prompt about it."""
+    url, text = fetch_page(web_url(ctx, url))
+    if not url or ctx.side is None:
+        return text if not url else clip(text)
+    reply = ctx.side([{"role": "system", "content": WEB_READER}, {
+        "role": "user", "content": f'<page url="{url}">\n{clip(text, WEB_TEXT_LIMIT)}\n</page>\n\n{prompt}'}])
+    return content_text(reply).strip() or "(the model said nothing about the page)"
+
+
+def in_domains(url: str, domains: Iterable[str]) -> bool:
+    """Whether a URL's host is one of the domains or beneath one."""
+    host = host_of(url)
+    return any(host == d or host.endswith("." + d) for d in (d.lower().strip(".") for d in domains) if d)
+
+
+def tool_web_search(ctx: ToolContext, query: str, allowed_domains: list | None = None,
+                    blocked_domains: list | None = None) -> str:
+    """Search the web through OpenRouter's web plugin: the results' titles, URLs and snippets."""
+    if ctx.side is None:
+        raise ToolError("web search is not available here")
+    reply = ctx.side([{"role": "user", "content": query}], plugins=[{"id": "web", "max_results": 5}])
+    found: dict[str, dict] = {}
+    for note in reply.get("annotations") or []:
+        cite = note.get("url_citation") if isinstance(note, dict) and note.get("type") == "url_citation" else None
+        if isinstance(cite, dict) and isinstance(cite.get("url"), str):
+            found.setdefault(cite["url"], cite)
+    if not found:
+        raise ToolError("the search brought back no results (the server may have no web search)")
+    kept = [c for url, c in found.items() if (not allowed_domains or in_domains(url, allowed_domains))
+            and not in_domains(url, blocked_domains or [])]
+    rows = [f"{n}. {one_line(str(c.get('title') or c['url']), 200)}\n   {c['url']}\n   "
+            f"{one_line(str(c.get('content') or ''), 300)}" for n, c in enumerate(kept, 1)]
+    return "\n".join(rows) or f"none of the {len(found)} results is in the allowed domains"
+
+
+# --- Sub-agents and the to-do list ----------------------------------------------------------------
+
+
+class AgentType(NamedTuple):
+    """A kind of sub-agent: general-purpose, or one the user defined in .claude/agents/NAME.md."""
+
+    name: str
+    description: str
+    prompt: str = ""  # its system prompt ("": solo's own)
+    tools: tuple[str, ...] | None = None  # None: every tool but Agent
+    model: str = ""  # "": the run's model
+
+
+GENERAL_AGENT = AgentType("general-purpose", "researches questions, searches code and carries out multi-step tasks")
+
+
+def load_agent_type(file: Path) -> AgentType:
+    """One sub-agent type from its file (Claude Code's format); ValueError when malformed."""
+    fields, body = parse_frontmatter(read_small(file, SKILL_LIMIT))
+    tools = tuple(t for t in re.split(r"[,\s]+", fields["tools"]) if t) if fields.get("tools", "").strip() else None
+    model = "" if fields.get("model", "").strip() in ("", "inherit") else model_id(fields["model"])
+    description = one_line(fields.get("description", "").strip() or body.partition("\n")[0], 300)
+    return AgentType(fields.get("name") or file.stem, description, body, tools, model)
+
+
+def discover_agents(folders: list[Path], warn: Callable[[str], None]) -> dict[str, AgentType]:
+    """general-purpose and the types under each folder's .claude/agents, earlier folders winning on a name clash."""
+    types = {GENERAL_AGENT.name: GENERAL_AGENT}
+    for file in (file for base in folders for file in sorted((base / ".claude" / "agents").glob("*.md"))):
+        try:
+            types.setdefault((kind := load_agent_type(file)).name, kind)
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            warn(f"skipping agent {file}: {error}")
+    return types
+
+
+def tool_agent(ctx: ToolContext, description: str, prompt: str, subagent_type: str = GENERAL_AGENT.name) -> str:
+    """Run a prompt in a sub-agent with a fresh conversation; return its final answer."""
+    if ctx.delegate is None:
+        raise ToolError("a sub-agent cannot start another sub-agent")
+    return ctx.delegate(subagent_type, description, prompt)
+
+
+TODO_STATES = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
+
+
+def checklist(todos: list[dict]) -> str:
+    """A to-do list as lines of check boxes."""
+    return "\n".join(f"{TODO_STATES[t['status']]} {t['activeForm'] if t['status'] == 'in_progress' else t['content']}"
+                     for t in todos)
+
+
+def tool_todo_write(ctx: ToolContext, todos: list) -> str:
+    """Replace the conversation's to-do list, shown to the user."""
+    items = []
+    for item in todos:
+        if not isinstance(item, dict) or not isinstance(item.get("content"), str) or item.get("status") not in \
+                TODO_STATES:
+            raise ToolError(f"each todo is {{content, status: pending|in_progress|completed, activeForm}}, not "
+                            f"{json.dumps(item)[:100]}")
+        items.append({"content": item["content"], "status": item["status"],
+                      "activeForm": str(item.get("activeForm") or item["content"])})
+    if sum(item["status"] == "in_progress" for item in items) > 1:
+        raise ToolError("only one todo may be in_progress at a time")
+    if ctx.todos is not None:
+        ctx.todos[:] = items
+    if ctx.emit:
+        ctx.emit({"type": "todos", "todos": items})
+    done = sum(item["status"] == "completed" for item in items)
+    return f"The to-do list is updated ({done} of {len(items)} done). Keep it current as you work."
+
+
 # --- Project instructions -------------------------------------------------------------------------
 
 
@@ -2039,13 +2645,15 @@ def project_instructions(cfg: Config, notice: Callable[[str], None], *,
 
 def params(required: list[str], **props: tuple[str, str]) -> dict:
     """A JSON Schema object from name=(type, description) pairs."""
-    properties = {name: {"type": kind, "description": text} for name, (kind, text) in props.items()}
+    properties = {name: {"type": kind, "description": text, **({"items": {"type": "string"}} if kind == "array"
+                                                                 else {})} for name, (kind, text) in props.items()}
     return {"type": "object", "properties": properties, "required": required}
 
 
 TOOLS: tuple[Tool, ...] = (
     Tool("Read", "Read a text file and return its content exactly (no line numbers). Shows up to 2000 "
-         "lines; when the file goes on, the result says which lines it shows and the offset to continue.",
+         "lines; when the file goes on, the result says which lines it shows and the offset to continue. "
+         "Also shows images (PNG, JPEG, GIF, WebP; up to 5 MB) and notebooks (cells and outputs).",
          params(["file_path"], file_path=("string", "Path of the file, relative to the working directory"),
                 offset=("integer", "First line to read, counting from 1"),
                 limit=("integer", "How many lines to read (default 2000)")),
@@ -2064,7 +2672,8 @@ TOOLS: tuple[Tool, ...] = (
     Tool("Bash", "Run a shell command with bash in the working directory (stdin closed) and return its "
          "combined stdout and stderr and its exit code. Long output is cut in the middle.",
          params(["command"], command=("string", "The command to run"),
-                timeout=("integer", f"Timeout in milliseconds (default {BASH_TIMEOUT_MS}, max {BASH_MAX_TIMEOUT_MS})")),
+                timeout=("integer", f"Timeout in milliseconds (default {BASH_TIMEOUT_MS}, max {BASH_MAX_TIMEOUT_MS})"),
+                run_in_background=("boolean", "Return at once with a shell id for BashOutput (at most 8)")),
          tool_bash, asks=True),
     Tool("Glob", "Find files by glob pattern ('**' matches any depth, e.g. '**/*.py'), newest first.",
          params(["pattern"], pattern=("string", "Glob pattern relative to path"),
@@ -2087,7 +2696,41 @@ TOOLS: tuple[Tool, ...] = (
          params(["name"], name=("string", "The skill's name"),
                 arguments=("string", "Arguments for the skill, as the user would type them")),
          tool_skill),
+    Tool("BashOutput", "New output of a background shell since the last read, and whether it still runs.",
+         params(["bash_id"], bash_id=("string", "The shell id"),
+                filter=("string", "Keep only lines matching this regex")),
+         tool_bash_output, read_only=True),
+    Tool("KillShell", "End a background shell and its processes.",
+         params(["shell_id"], shell_id=("string", "The shell id")),
+         tool_kill_shell, asks=True),
+    Tool("NotebookEdit", "Replace, insert (after cell_id; first without it) or delete one cell of a .ipynb notebook.",
+         params(["notebook_path", "new_source"], notebook_path=("string", "Path of the notebook"),
+                cell_id=("string", "The cell's id"), new_source=("string", "The cell's new source"),
+                cell_type=("string", "code or markdown (needed to insert)"),
+                edit_mode=("string", "replace (default), insert or delete")),
+         tool_notebook_edit, asks=True),
+    Tool("WebFetch", "Fetch a URL (HTML made text, 5 MB at most) and answer the prompt about it; a redirect to "
+         "another host is reported, not followed.",
+         params(["url", "prompt"], url=("string", "http(s) URL"), prompt=("string", "What to find out from the page")),
+         tool_web_fetch, read_only=True),
+    Tool("WebSearch", "Search the web; returns titles, URLs and snippets.",
+         params(["query"], query=("string", "The search query"), allowed_domains=("array", "Only results from these"),
+                blocked_domains=("array", "No results from these")),
+         tool_web_search, read_only=True),
+    Tool("TodoWrite", "Keep a to-do list for multi-step work, shown to the user: send the whole list each time, "
+         "at most one item in_progress.",
+         {"type": "object", "required": ["todos"], "properties": {"todos": {"type": "array", "items": {
+             "type": "object", "required": ["content", "status", "activeForm"], "properties": {
+                 "content": {"type": "string"}, "status": {"type": "string", "enum": list(TODO_STATES)},
+                 "activeForm": {"type": "string", "description": "The item in present continuous form"}}}}}},
+         tool_todo_write, read_only=True),
+    Tool("Agent", "Start a sub-agent with a fresh conversation and the tools but Agent; only its final answer "
+         "comes back. Several calls in one reply run at once. Give it a complete task. Types: general-purpose.",
+         params(["description", "prompt"], description=("string", "The task in 3-5 words"),
+                prompt=("string", "The whole task"), subagent_type=("string", "Agent type (default general-purpose)")),
+         tool_agent),
 )
+TOOL_ALIASES = {"Task": "Agent"}  # Claude Code's former names, still answered
 TOOL_NAMES = tuple(tool.name for tool in TOOLS)
 
 
@@ -2122,7 +2765,9 @@ def coerce(value: Any, kind: Any) -> Any:
         text = str(value).strip().lower()
         if text in ("true", "false", "1", "0", "yes", "no"):
             return text in ("true", "1", "yes")
-    if kind in ("integer", "boolean"):
+    if kind == "array" and isinstance(value, str):  # models send a list as its JSON text
+        value = json.loads(value)
+    if kind in ("integer", "boolean") or (kind == "array" and not isinstance(value, list)):
         raise ValueError(kind)
     return value
 
@@ -2158,7 +2803,7 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
     """Run one tool call and return the result the model reads; every failure is an 'Error: ...' result."""
     function = call.get("function") if isinstance(call.get("function"), dict) else {}
     name = function.get("name")
-    tool = tools.get(name) if isinstance(name, str) else None
+    tool = tools.get(TOOL_ALIASES.get(name, name)) if isinstance(name, str) else None
     if tool is None:
         return f"Error: no tool called {name}. The tools are: {', '.join(tools)}"
     try:
@@ -2169,10 +2814,11 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
         kwargs = check_arguments(tool, args)
         if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, kwargs)):  # shown as they will run
             return denial(why)
-        result = str(tool.run(ctx, **kwargs))
+        result = tool.run(ctx, **kwargs)
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
-    return clip(result, tool.limit)
+    return attached(clip(result, tool.limit), result.parts) if isinstance(result, Attached) else clip(str(result),
+                                                                                                     tool.limit)
 
 
 PLAN_NOTE = ("[Plan mode: investigate with the read-only tools and answer with a plan for the change; make no "
@@ -2198,12 +2844,19 @@ BATCH = 10  # read-only calls run at once at most
 
 def read_only(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> bool:
     """True for a call that changes nothing: Read, Glob, Grep, loading a skill, an MCP tool marked read-only."""
-    tool = tools.get(call["function"]["name"])
+    tool = tools.get(TOOL_ALIASES.get(call["function"]["name"], call["function"]["name"]))
     if tool and tool.name == "Skill":
         with contextlib.suppress(ValueError, AttributeError):
             skill = ctx.skills.get(str(parse_arguments(call["function"]["arguments"]).get("name", "")).lstrip("/"))
             return bool(skill and not skill.fork)
     return bool(tool and tool.read_only)
+
+
+def lane(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> int:
+    """How many calls like this one may run at once: read-only ones BATCH, sub-agents AGENTS_AT_ONCE, others 1."""
+    if TOOL_ALIASES.get(call["function"]["name"], call["function"]["name"]) == "Agent" and "Agent" in tools:
+        return AGENTS_AT_ONCE
+    return BATCH if read_only(call, tools, ctx) else 1
 
 
 def forked_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> tuple[int, int]:
@@ -2988,7 +3641,8 @@ def path_matches(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
 
 def call_paths(tool: str, args: dict, cwd: Path) -> list[str]:
     """The file or folder a call touches, as written (made absolute) and with links resolved."""
-    written = args.get("file_path") if tool not in ("Glob", "Grep") else args.get("path") or "."
+    written = args.get("path") or "." if tool in ("Glob", "Grep") else \
+        args.get("file_path") or args.get("notebook_path")  # NotebookEdit's
     if not isinstance(written, str):
         return []
     path = os.path.normpath(os.path.join(cwd, os.path.expanduser(written)))
@@ -3082,6 +3736,8 @@ def proposed_rules(rules: dict[str, list[Rule]], tool: str, args: dict) -> tuple
                 prefix = bash_prefix(part)
                 proposed.append(f"Bash({prefix}:*)" if prefix else f"Bash({part})")
         return tuple(dict.fromkeys(proposed))
+    if tool == "WebFetch":
+        return (f"WebFetch(domain:{host_of(str(args.get('url', '')))})",)
     return ("Edit",) if tool in EDITORS else (tool,)
 
 
@@ -4001,7 +4657,8 @@ class ModelClient:
             if (models := self.model_list()) is None:
                 return self.info.setdefault(model, {})
             entry = next((m for m in models if m.get("id") == model), {})
-            self.info[model] = {k: entry[k] for k in ("context_length", "top_provider", "pricing") if k in entry}
+            self.info[model] = {k: entry[k] for k in ("context_length", "top_provider", "pricing", "architecture")
+                                if k in entry}
             if path:
                 write_private(path, json.dumps({**cache, key: {"time": time.time(), "info": self.info[model]}}))
         return self.info[model]
@@ -4177,17 +4834,20 @@ def repaired(messages: list[dict], started: set[str], path: Path) -> list[dict]:
 class Conversation(list):
     """A conversation's messages: every change is also written to its transcript, as it happens."""
 
-    def __init__(self, messages: Iterable[dict] = (), transcript: Transcript | None = None, sidechain: bool = False):
+    def __init__(self, messages: Iterable[dict] = (), transcript: Transcript | None = None,
+                 sidechain: bool | str = False):
         super().__init__(messages)
-        self.transcript, self.sidechain = transcript, sidechain
+        self.transcript, self.sidechain = transcript, sidechain  # a sub-agent's: True, or its name
         self.reads: dict[tuple, tuple] = {}  # Reads whose full result is in this conversation, by file and lines
+        self.todos: list[dict] = []  # its to-do list (TodoWrite)
         self.tokens = 0  # the last prompt's size in tokens
         self.compactions = self.floor = 0  # how many, and the length the last one left
 
     def note(self, entry: dict) -> None:
         """Write one line of this conversation (a sub-agent's are marked, so resuming skips them)."""
         if self.transcript:
-            self.transcript.write({"type": "sidechain", "entry": entry} if self.sidechain else entry)
+            self.transcript.write({"type": "sidechain", "entry": entry, **(
+                {"agent": self.sidechain} if isinstance(self.sidechain, str) else {})} if self.sidechain else entry)
 
     def append(self, message: dict) -> None:
         """Add a message."""
@@ -4427,7 +5087,9 @@ class Compactor:
         self.failures, self.told, tail = 0, False, messages[latest + 1:]
         starts = [i for i, m in enumerate(tail) if m["role"] == "assistant"]
         kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
-        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}"}
+        todos = getattr(messages, "todos", None)
+        todos = f"\n\n[Your to-do list (TodoWrite):]\n{checklist(todos)}" if todos else ""
+        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}{todos}"}
         if isinstance(messages, Conversation):
             messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
         messages[1:] = [summary_message, *kept]  # one transcript line: a crash leaves the old or the new, whole
@@ -4488,6 +5150,7 @@ class Usage:
         self.models: dict[str, list[float]] = {}  # model: prompt, completion, cached, cache-write tokens, cost
         self.unpriced = [0, 0]  # prompt and completion tokens of replies that reported no cost
         self.estimated = False  # --max-cost has said it estimates
+        self.lock = threading.Lock()  # sub-agents count from their own threads
 
     prompt_tokens = property(lambda self: self.total(0))
     completion_tokens = property(lambda self: self.total(1))
@@ -4501,6 +5164,11 @@ class Usage:
 
     def add(self, usage: Any, model: str = "") -> None:
         """Count one reply's `usage` object."""
+        with self.lock:
+            self.count(usage, model)
+
+    def count(self, usage: Any, model: str) -> None:
+        """Count one reply's `usage` object (under the lock)."""
         self.requests += 1
         usage = usage if isinstance(usage, dict) else {}
         details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
@@ -4565,7 +5233,7 @@ class HookStop(Exception):
 def admit(call: dict, tools: dict[str, Tool], ctx: ToolContext, hooks: Hooks | None) -> tuple[dict, str | None]:
     """Before a call runs, in solo's own process: its PreToolUse hooks, then the permission check. The call as it
     will run (a hook may rewrite its input) and, when it may not run, its result."""
-    tool = tools.get(call["function"]["name"])
+    tool = tools.get(TOOL_ALIASES.get(call["function"]["name"], call["function"]["name"]))
     try:
         args = parse_arguments(call["function"]["arguments"])
         kwargs = check_arguments(tool, args) if tool else None
@@ -4616,13 +5284,14 @@ def settle(call: dict, content: str, hooks: Hooks | None) -> str:
 def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages: list[dict],
               emit: Callable[[dict], None], *, cut: bool, hooks: Hooks | None = None) -> None:
     """Answer every tool call of an assistant message with one tool message each, in order; consecutive
-    read-only calls run at the same time. Hooks and the permission check run here, in solo's own flow, around each
-    batch; a hook that stops the run stops it once every call has its answer."""
-    ctx, stop = ctx._replace(reads=getattr(messages, "reads", None)), None  # Read short-cuts: within one conversation
-    for together, group in itertools.groupby(message["tool_calls"], key=lambda c: not cut and read_only(c, tools, ctx)):
+    read-only calls run at the same time, and so do sub-agents. Hooks and the permission check run here, in solo's
+    own flow, around each batch; a hook that stops the run stops it once every call has its answer."""
+    ctx, stop = ctx._replace(reads=getattr(messages, "reads", None), todos=getattr(messages, "todos", None)), None
+    images: list[dict] = []  # Read short-cuts and the to-do list above are the conversation's own
+    for size, group in itertools.groupby(message["tool_calls"], key=lambda c: 1 if cut else lane(c, tools, ctx)):
         group = list(group)
-        for start in range(0, len(group), BATCH if together else 1):
-            batch, started = group[start: start + (BATCH if together else 1)], time.monotonic()
+        for start in range(0, len(group), size):
+            batch, started = group[start: start + size], time.monotonic()
             if isinstance(messages, Conversation) and not messages.sidechain:  # a resume after a crash tells the model
                 messages.note({"type": "started", "tool_call_ids": [call["id"] for call in batch]})
             for call in batch:
@@ -4639,6 +5308,7 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
             for i, content in zip(runnable, dispatch([batch[i] for i in runnable], tools, ctx, cut)):
                 contents[i] = content
             for i, (call, content) in enumerate(zip(batch, contents)):
+                images += content.parts if isinstance(content, Attached) else ()
                 try:
                     content = settle(call, content, hooks) if i in runnable and stop is None else content
                 except HookStop as error:
@@ -4648,6 +5318,9 @@ def run_calls(message: dict, tools: dict[str, Tool], ctx: ToolContext, messages:
                       "arguments": call["function"]["arguments"],
                       "is_error": content.startswith("Error:") or isinstance(content, Denied),
                       "denied": isinstance(content, Denied), "seconds": time.monotonic() - started})
+    if images:  # a tool message holds only text: the images the results speak of follow them
+        messages.append({"role": "user", "content": [{"type": "text", "text": "The images from the tool results:"},
+                                                     *images]})
     if stop is not None:
         raise HookStop(stop)
 
@@ -4771,6 +5444,12 @@ class Agent:
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
+        self.agent_types = discover_agents([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
+        if "Agent" in self.tools and len(self.agent_types) > 1:
+            self.tools["Agent"] = self.tools["Agent"]._replace(description=self.tools["Agent"].description + "".join(
+                f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
+        self.shells, self.asking = Shells(), threading.Lock()  # asking: one permission question at a time
+        self.turns = 0  # prompts run: a sub-agent left running by a cancelled one stops at its next step
         self.commands = discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))  # .claude/commands
         sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
@@ -4780,7 +5459,8 @@ class Agent:
         self.compactor.hook = self.compacting if hooks else None
         tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
-                               spawner=self.spawner, guard=self.guard)
+                               spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
+                               delegate=self.delegate, side=self.side, blind=self.blind)
         self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner,  # confined too
                                  relay)  # SDK mode: in-process servers of the SDK
         for server in self.servers:
@@ -4822,6 +5502,7 @@ class Agent:
                 self.hooks.fire("SessionEnd", {"reason": reason})
         for server in self.servers:
             server.stop()
+        self.shells.close()
         end_orphans()
         if self.guard and (undone := self.guard.undo()):
             self.notice(undone_note(undone))
@@ -4836,6 +5517,10 @@ class Agent:
         system = [{"role": "system", "content": system_prompt(self.cfg, catalog, instructions)}]
         conversation = Sessions(self.cfg).open(self.cfg.session_id, system, self.notice, resume, fork)
         self.transcript = conversation.transcript  # sub-agents write there too
+        for call in (c for m in conversation for c in m.get("tool_calls") or []):
+            if call["function"]["name"] == "TodoWrite":
+                run_tool_call(call, {"TodoWrite": TOOLS[TOOL_NAMES.index("TodoWrite")]},
+                              self.ctx._replace(todos=conversation.todos, emit=None))
         self.start_session("resume" if resume else "startup")
         return conversation
 
@@ -4880,14 +5565,57 @@ class Agent:
         messages = Conversation(transcript=self.transcript, sidechain=True)
         for message in ({"role": "system", "content": system_prompt(self.cfg, {})}, {"role": "user", "content": body}):
             messages.append(message)
-        outcome = self.run(messages, {n: t for n, t in self.tools.items() if n != "Skill"}, "SubagentStop")
+        outcome = self.run(messages, {n: t for n, t in self.tools.items() if n not in ("Skill", "Agent")},
+                           "SubagentStop")
         if outcome.subtype != "success":
             return f"Error: the skill's sub-agent stopped ({outcome.subtype})"
         return outcome.answer
 
+    def delegate(self, kind: str, description: str, prompt: str) -> str:
+        """Run a prompt in a sub-agent of a type, in its own conversation (a side chain of the transcript) and
+        thread, its usage counted in the run's; its final answer. In plan mode it has only read-only tools."""
+        spec = self.agent_types.get(kind)
+        if spec is None:
+            raise ToolError(f"no agent type {kind}; types: {', '.join(self.agent_types)}")
+        cfg = self.cfg._replace(model=spec.model or self.cfg.model, stream=False)  # its text is not shown
+        tools = {n: t for n, t in self.tools.items() if n != "Agent" and (spec.tools is None or n in
+                 spec.tools) and (t.read_only or cfg.permission_mode != "plan")}
+        system = f"{spec.prompt}\n\nWorking directory: {cfg.cwd}" if spec.prompt else system_prompt(cfg, {})
+        messages = Conversation(transcript=self.transcript, sidechain=f"{kind}: {description}")
+        for message in ({"role": "system", "content": system}, {"role": "user", "content": prompt}):
+            messages.append(message)
+        turn = self.turns
+
+        def emit(event: dict) -> None:
+            if self.turns != turn:
+                raise ToolError("the prompt that started this sub-agent was cancelled")
+            self.emit({**event, "agent": description or kind})
+        outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
+                            ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
+                            compactor=self.compactor, hooks=self.hooks, stop_event="SubagentStop")
+        if outcome.subtype != "success":
+            raise ToolError(f"the sub-agent stopped ({outcome.subtype}) before it answered")
+        return outcome.answer or "(the sub-agent answered nothing)"
+
+    def side(self, messages: list[dict], **fields: Any) -> dict:
+        """The reply message to a request beside the conversation (a page read, a web search); its usage counted."""
+        if fields.get("plugins") and strict_api(self.cfg.base_url):
+            host = host_of(self.cfg.base_url)
+            raise ToolError(f"web search needs OpenRouter's web plugin, which {host} does not have")
+        body = {**build_request(self.cfg._replace(stream=False), messages, []), **fields}
+        self.emit({"type": "request", "body": body})
+        reply = self.model(body)
+        self.usage.add(reply.get("usage"), self.cfg.model)
+        return first_choice(reply)["message"]
+
+    def blind(self) -> str:
+        """The model in use when OpenRouter's model list says it cannot take images, else ""."""
+        kinds = (self.model.model_info(self.cfg.model).get("architecture") or {}).get("input_modalities")
+        return self.cfg.model if isinstance(kinds, list) and "image" not in kinds else ""
+
     def ask(self, messages: list[dict], prompt: str, context: str = "", images: list[dict] | None = None) -> Outcome:
-        """Add the user's prompt (expanding leading /skill words) to a conversation and run it; a UserPromptSubmit
-        hook may block it (PromptBlocked) or add context."""
+        """Add the user's prompt (expanding leading /skill words, with images: pasted, or the SDK's blocks) to a
+        conversation and run it; a UserPromptSubmit hook may block it (PromptBlocked) or add context."""
         verdict = self.hooks.fire("UserPromptSubmit", {"prompt": prompt}) if self.hooks else HookResult()
         if verdict.block or verdict.stop is not None:
             raise PromptBlocked(f"a UserPromptSubmit hook blocked the prompt: {verdict.block or verdict.stop}")
@@ -4909,7 +5637,10 @@ class Agent:
             messages[mark] = request
         else:
             messages.append(request)
-        return self.run(messages)
+        try:
+            return self.run(messages)
+        finally:
+            self.turns += 1
 
     def permit(self, tool: str, args: dict, hint: str = "") -> str:
         """Why a call may not run, by the rules (deny, then ask, then allow), the permission mode, a PreToolUse hook's
@@ -4925,8 +5656,8 @@ class Agent:
         if kind != "ask" and hint != "ask":
             mode = cfg.permission_mode
             free = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in EDITORS)
-            if kind == "allow" or hint == "allow" or not changes or free or not self.ask_user:
-                return ""  # with -p, a call no rule asks about runs, as it always has
+            if kind == "allow" or hint == "allow" or not (changes or tool == "WebFetch") or free or not self.ask_user:
+                return ""  # with -p, a call no rule asks about runs, as it always has; a session asks for a new domain
         if not self.ask_user:
             return f"by {rule.text} ({rule.origin}): the rule asks first, and with -p nobody can answer" if rule else \
                 "a PreToolUse hook asks first, and with -p nobody can answer"
@@ -4934,7 +5665,8 @@ class Agent:
             self.hooks.fire("Notification", {"message": f"solo needs your permission to use {tool}",
                                              "notification_type": "permission_prompt"}, "permission_prompt")
         proposals = () if kind == "ask" else proposed_rules(self.rules, tool, args)  # an ask rule asks every time
-        answer = self.ask_user(tool, args, proposals)
+        with self.asking:  # sub-agents ask from their own threads: one question on the terminal at a time
+            answer = self.ask_user(tool, args, proposals)
         if answer in ("a", "s"):
             self.rules["allow"] += [r for r in (parse_rule(t, "this session", cfg.cwd) for t in proposals)
                                     if isinstance(r, Rule)]
@@ -5104,7 +5836,8 @@ def rule_list(text: str) -> tuple[str, ...]:
 def select_tools(offered: str | None) -> tuple[str, ...]:
     """The built-in tools offered: all, or those --tools names ("default": all; Claude Code's that solo lacks are
     skipped)."""
-    chosen = TOOL_NAMES if offered is None or offered.strip() == "default" else names(offered)
+    chosen = TOOL_NAMES if offered is None or offered.strip() == "default" else \
+        [TOOL_ALIASES.get(name, name) for name in names(offered)]
     return tuple(name for name in TOOL_NAMES if name in chosen)
 
 
@@ -5579,6 +6312,7 @@ class Reporter:
             raise UsageError(f"cannot open the trace file: {error}") from None
         self.showing = False  # the 'thinking' note is on the terminal
         self.live = self.streamed = self.answered = False  # text on stdout: its line open / this reply / last reply
+        self.lock = threading.RLock()  # held by a question on the terminal: sub-agents' lines wait for the answer
         structured = cfg.output_format == "stream-json" or (cfg.output_format == "json" and cfg.verbose)
         self.claude = ClaudeOutput(cfg, streams.stdout, array=cfg.output_format == "json") if structured else None
         self.begin(time.monotonic())
@@ -5592,7 +6326,7 @@ class Reporter:
     def say(self, text: str) -> None:
         """A line on stderr; a stderr that is gone costs nothing but the line."""
         self.thinking(False)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), self.lock:
             self.end_line()
             line = for_terminal(f"solo: {redact(text, self.cfg.api_key)}", self.streams.stderr)
             print(line, file=self.streams.stderr, flush=True)
@@ -5611,6 +6345,8 @@ class Reporter:
             self.trace.write(redact(json.dumps({"time": round(time.time(), 3), **event}, ensure_ascii=False),
                                     self.cfg.api_key) + "\n")
             self.trace.flush()
+        if event.get("agent") and kind not in ("notice", "reply", "request", "tool_result"):
+            return  # of a sub-agent's events, only its notices, timings and tool lines show
         if kind == "delta":
             return self.delta(event["delta"])
         self.thinking(kind == "request")
@@ -5631,6 +6367,8 @@ class Reporter:
             self.end_line()
         elif kind == "notice":
             self.say(event["text"])
+        elif kind == "todos" and self.interactive:
+            self.say("to-do list:\n" + checklist(event["todos"]))
         elif kind == "hook_response" and self.cfg.verbose:
             self.say(f"hook {event['hook_name']} ({one_line(event['command'], 60)}) -> exit {event['exit_code']}"
                      f"{', ' + event['decision'] if event['decision'] else ''}, {event['seconds']:.2f} s")
@@ -5650,9 +6388,10 @@ class Reporter:
                                      "tool_input": parse_arguments(event["arguments"])})
         if kind == "tool_result" and self.cfg.verbose and not self.interactive:  # a session draws its own
             outcome = "error" if event["is_error"] else "ok"
-            self.say(f"{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
+            who = f"[{event['agent']}] " if event.get("agent") else ""
+            self.say(f"{who}{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
                      f"{len(event['content'])} chars, {event['seconds']:.2f} s")
-        if self.claude:
+        if self.claude and not event.get("agent"):  # a sub-agent's events are its caller's tool call
             self.claude.take(event)
 
     def delta(self, delta: dict) -> None:
@@ -6045,8 +6784,10 @@ class Display(Reporter):
         self.markdown = self.markdown and Markdown()
 
     def __call__(self, event: dict) -> None:
-        """Take one event, drawing tool calls and the end of a reply."""
+        """Take one event, drawing tool calls and the end of a reply (a sub-agent's show as single lines)."""
         with self.lock:
+            if event.get("agent"):
+                return super().__call__(event)
             if event["type"] == "assistant":
                 self.tokens += int((event.get("usage") or {}).get("completion_tokens") or 0) or self.chars // 4
                 self.chars = 0
@@ -6177,7 +6918,8 @@ SESSION_COMMANDS = {  # the session's own commands, for /help, Tab and "did you 
     "/sessions": "this directory's sessions", "/resume": "go on with one of them", "/mcp": "the MCP servers",
     "/permissions": "the permission rules in force and where each comes from",
     "/trust": "forget your answers about this folder's .mcp.json servers, outside imports and settings",
-    "/mode [MODE]": "show or set what runs without asking: " + ", ".join(PERMISSION_MODES), "/exit": "leave (Ctrl-D)",
+    "/mode [MODE]": "show or set what runs without asking: " + ", ".join(PERMISSION_MODES),
+    "/agents": "the sub-agent types", "/bashes": "the background shells", "/exit": "leave (Ctrl-D)",
 }
 SESSION_KEYS = {
     "!command": "run a command; its output goes with your next prompt", "#text": "add a line to ./CLAUDE.md",
@@ -6241,6 +6983,7 @@ class Session:
         self.pending: list[str] = []  # `!command` outputs that go with the next prompt
         self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
         self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
+        self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
 
     def event(self, event: dict) -> None:
         """An event of the agent's, shown; before a Write or Edit, the file as it was is kept (a checkpoint)."""
@@ -6308,10 +7051,11 @@ class Session:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
         import readline
         self.streams.stdout.flush()
-        saved, alarm = os.dup(1), signal.signal(signal.SIGALRM, lambda signum, frame: None)
+        main = threading.current_thread() is threading.main_thread()  # sub-agents ask from their own threads
+        saved, alarm = os.dup(1), signal.signal(signal.SIGALRM, lambda signum, frame: None) if main else None
         os.dup2(2, 1)
         # readline's select() sleeps through a Ctrl-C that lands just before it starts: a tick wakes it to see it
-        signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
+        signal.setitimer(signal.ITIMER_REAL, 0.1 * main, 0.1)
         prefill, self.prefill = self.prefill, ""
         if prefill:  # only then: a Ctrl-C landing in a hook is swallowed by readline
             readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()))
@@ -6320,8 +7064,9 @@ class Session:
                 line = input(prompt)
         finally:
             readline.set_pre_input_hook(None)
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, alarm)
+            if main:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, alarm)
             os.dup2(saved, 1)
             os.close(saved)
         if (not history or MARK in line) and line.strip():
@@ -6458,6 +7203,15 @@ class Session:
                 say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
         elif word == "/resume":
             self.resume_picked()
+        elif word == "/agents":
+            for kind in agent.agent_types.values():
+                self.reporter.say(f"{kind.name}: {kind.description}" + (f" (tools: {', '.join(kind.tools)})"
+                                                                         if kind.tools is not None else ""))
+        elif word == "/bashes":
+            for shell_id, shell in agent.shells.shells.items():
+                self.reporter.say(f"{shell_id} ({shell.state()}): {visible(one_line(shell.command, 200))}")
+            if not agent.shells.shells:
+                self.reporter.say("no background shells")
         elif word == "/rewind":
             self.rewind()
         elif word == "/expand":
@@ -6469,6 +7223,28 @@ class Session:
         else:
             return False
         return True
+
+    def pasted_images(self, line: str) -> list[dict]:
+        """Image parts for the words of a prompt that are paths of image files (a drag and drop pastes one)."""
+        import shlex
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            words = line.split()
+        parts = []
+        for word in words:
+            path = Path(self.agent.cfg.cwd, os.path.expanduser(word))
+            with contextlib.suppress(OSError):
+                if path.suffix.lower() in (".png", ".jpg", ".jpeg", ".gif", ".webp") and path.is_file():
+                    try:
+                        check_sight(self.agent.ctx)
+                        about, part = image_part(path, word)
+                    except ToolError as error:
+                        self.reporter.say(f"not attached: {error}")
+                        continue
+                    self.reporter.say(f"attached {about}")
+                    parts.append(part)
+        return parts
 
     def show_permissions(self) -> None:
         """The rules in force, each with the file it came from, and what waits for this folder's trust."""
@@ -6666,7 +7442,7 @@ class Session:
             self.agent.cfg = self.agent.cfg._replace(model=command.model if command and command.model else model)
             try:
                 with self.keys.reading():
-                    outcome = self.agent.ask(messages, prompt)
+                    outcome = self.agent.ask(messages, prompt, images=self.pasted_images(line))
             except (KeyboardInterrupt, Exception) as error:  # an unfinished turn leaves no trace; the session goes on
                 del messages[self.mark if messages.compactions == compactions else messages.floor:]
                 for checkpoint in [c for c in self.checkpoints if c["prompt"] >= len(messages)]:

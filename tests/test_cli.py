@@ -141,12 +141,14 @@ def test_closed_stdin_adds_nothing(serve, run, workspace):
     assert server.bodies[0]["messages"][1]["content"] == "plain"
 
 
-ALL_TOOLS = ["Read", "Write", "Edit", "Bash", "Glob", "Grep"]
+ALL_TOOLS = ["Read", "Write", "Edit", "Bash", "Glob", "Grep", "BashOutput", "KillShell", "NotebookEdit", "WebFetch",
+             "WebSearch", "TodoWrite", "Agent"]
 
 
 @pytest.mark.parametrize("flags, advertised", [  # --tools chooses what is offered; --allowed-tools and
     (["--tools", "Read,Grep"], ["Read", "Grep"]),  # --disallowed-tools are Claude Code's rules now (they were
-    (["--tools", "Read Bash WebSearch"], ["Read", "Bash"]),  # lists of what to offer): they shrink nothing
+    (["--tools", "Read Bash WebSearch"], ["Read", "Bash", "WebSearch"]),  # lists of what to offer): they shrink nothing
+    (["--tools", "Task,WebFetch"], ["WebFetch", "Agent"]),  # Task: Agent's former name
     (["--tools", ""], []),
     (["--disallowed-tools", "Bash, Write"], ALL_TOOLS),
     (["--allowedTools", "Read Bash(git status:*)"], ALL_TOOLS),

@@ -23,7 +23,9 @@ def test_answers_a_prompt(serve, run, workspace):
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     assert body["messages"][1]["content"] == "Say hello"
     assert body["model"] == "anthropic/claude-haiku-4.5"
-    assert {t["function"]["name"] for t in body["tools"]} == {"Read", "Write", "Edit", "Bash", "Glob", "Grep"}
+    assert {t["function"]["name"] for t in body["tools"]} == {"Read", "Write", "Edit", "Bash", "Glob", "Grep",
+                                                              "BashOutput", "KillShell", "NotebookEdit", "WebFetch",
+                                                              "WebSearch", "TodoWrite", "Agent"}
     headers = server.headers[0]
     assert headers["Authorization"] == "Bearer sk-test-secret-123"
     assert headers["HTTP-Referer"] and headers["X-OpenRouter-Title"] == "solo"
@@ -41,7 +43,7 @@ def test_every_request_carries_one_session_id_header_and_no_body_carries_it(serv
 def test_counts_the_advertised_tools(serve, run, workspace):
     server = serve(lambda body: reply(str(len(body["tools"]))))
     result = run(["-p", "How many tools do you have? Only the number."], cwd=workspace, base_url=server.url + "/")
-    assert (result.code, result.stdout.strip()) == (0, "6")
+    assert (result.code, result.stdout.strip()) == (0, "13")  # Read ... Grep, and the toolbox of issue 25
     assert "//" not in server.url.split("://")[1]
 
 

@@ -26,7 +26,7 @@ from tests.fake_openrouter import call, last_result, reply, tool_results, tool_t
 
 SERVER = Path(__file__).resolve().with_name("mcp_server.py")
 TIME_SERVER = Path(sys.executable).parent / "mcp-server-time"  # installed by the test extra into .venv/bin
-BUILTINS = {"Read", "Write", "Edit", "Bash", "Glob", "Grep"}
+BUILTINS = {"Read", "Write", "Edit", "Bash", "Glob", "Grep", "BashOutput", "KillShell", "NotebookEdit", "WebFetch", "WebSearch", "TodoWrite", "Agent"}
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -370,7 +370,8 @@ def test_plan_mode_offers_only_read_only_mcp_tools(serve, run, workspace):
     result = run(["-p", "go", "--permission-mode", "plan", "--mcp-config", mcp_config(t=stdio("--only", "echo,peek"))],
                  cwd=workspace, base_url=server.url)
     assert result.code == 0, result.stderr
-    assert tool_names(server.bodies[0]) == {"Read", "Glob", "Grep", "mcp__t__peek"}
+    assert tool_names(server.bodies[0]) == {"Read", "Glob", "Grep", "BashOutput", "WebFetch", "WebSearch", "TodoWrite",
+                                            "Agent", "mcp__t__peek"}
     denied, peeked = json.loads(result.stdout)
     assert denied.startswith("Error: permission denied: plan mode") and peeked == "peek: y"
 

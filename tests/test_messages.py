@@ -77,7 +77,9 @@ def test_declined_by_the_user(tmp_path):
 
 def test_tool_specs_come_from_the_table():
     specs = [tool.spec() for tool in agent.TOOLS]
-    assert [s["function"]["name"] for s in specs] == ["Read", "Write", "Edit", "Bash", "Glob", "Grep", "Skill"]
+    assert [s["function"]["name"] for s in specs] == ["Read", "Write", "Edit", "Bash", "Glob", "Grep", "Skill",
+                                                     "BashOutput", "KillShell", "NotebookEdit", "WebFetch",
+                                                     "WebSearch", "TodoWrite", "Agent"]
     read = specs[0]["function"]["parameters"]
     assert read["required"] == ["file_path"] and set(read["properties"]) == {"file_path", "offset", "limit"}
     grep = specs[5]["function"]["parameters"]["properties"]

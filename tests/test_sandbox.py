@@ -604,6 +604,11 @@ def test_a_poisoned_workspace_mcp_server_is_confined_too(serve, run, workspace, 
 # --- 8. Permission modes ------------------------------------------------------------------------------
 
 
+# the tools after Skill, and of those what plan mode offers
+TOOLBOX = ["BashOutput", "KillShell", "NotebookEdit", "WebFetch", "WebSearch", "TodoWrite", "Agent"]
+LOOKING = ["BashOutput", "WebFetch", "WebSearch", "TodoWrite", "Agent"]
+
+
 def skill(workspace: Path) -> None:
     folder = workspace / ".claude" / "skills" / "notes"
     folder.mkdir(parents=True)
@@ -611,8 +616,8 @@ def skill(workspace: Path) -> None:
 
 
 @pytest.mark.parametrize("with_skill, advertised", [
-    (False, ["Read", "Glob", "Grep"]),
-    (True, ["Read", "Glob", "Grep", "Skill"]),
+    (False, ["Read", "Glob", "Grep", *LOOKING]),
+    (True, ["Read", "Glob", "Grep", "Skill", *LOOKING]),
 ])
 def test_plan_mode_offers_read_only_tools_and_refuses_the_rest(serve, run, workspace, with_skill, advertised):
     if with_skill:
@@ -649,7 +654,7 @@ def test_print_mode_runs_everything_outside_plan(serve, run, workspace, flags):
     server = serve(tool_then(calls, "done"))
     result = run(["-p", "go", "--output-format", "json", *flags], cwd=workspace, base_url=server.url)
     assert result.code == 0, result.stderr
-    assert [t["function"]["name"] for t in server.bodies[0]["tools"]] == ["Read", "Write", "Edit", "Bash", "Glob", "Grep"]
+    assert [t["function"]["name"] for t in server.bodies[0]["tools"]] == ["Read", "Write", "Edit", "Bash", "Glob", "Grep", *TOOLBOX]
     assert server.bodies[0]["messages"][1]["content"] == "go"  # no plan note
     assert (workspace / "made").exists() and (workspace / "w.txt").read_text() == "x"
     assert json.loads(result.stdout)["permission_denials"] == []
@@ -717,13 +722,13 @@ def test_mode_command_switches_to_plan_and_back(serve, terminal, workspace):
     term.ask("plan it", "said: Error: permission denied: plan mode lets only read-only tools run, not Write")
     assert not (workspace / "w.txt").exists() and "Allow" not in term.transcript
     planned = server.bodies[-2]
-    assert [t["function"]["name"] for t in planned["tools"]] == ["Read", "Glob", "Grep"]
+    assert [t["function"]["name"] for t in planned["tools"]] == ["Read", "Glob", "Grep", *LOOKING]
     assert planned["messages"][-1] == {"role": "user", "content": "plan it\n\n" + agent.PLAN_NOTE}
     term.ask("/mode bogus", "modes: default, acceptEdits, plan, bypassPermissions")
     term.ask("/mode bypassPermissions", "permission mode: bypassPermissions")
     count = len(server.bodies)
     term.ask("do it", r"said: Created w\.txt")
-    assert [t["function"]["name"] for t in server.bodies[count]["tools"]] == ["Read", "Write", "Edit", "Bash", "Glob", "Grep"]
+    assert [t["function"]["name"] for t in server.bodies[count]["tools"]] == ["Read", "Write", "Edit", "Bash", "Glob", "Grep", *TOOLBOX]
     assert (workspace / "w.txt").read_text() == "x" and "Allow" not in term.transcript
     term.send("/exit\r")
     assert term.wait() == 0
