@@ -10,6 +10,26 @@ WebFetch, WebSearch, TodoWrite, Agent) in the working directory, sends the resul
 model answers without tool calls. stdout carries the answer and nothing else; progress, warnings and errors go
 to stderr.
 
+Sections, in the order data flows:
+    Constants, Errors, Bounded output   defaults, exit codes, the few exceptions, head-and-tail buffers
+    Processes and signals               the spawner every child starts from, orphans, stop signals
+    Sandbox, Files in a sandbox         confinement between fork and exec; race-free writes, guarded files
+    Tools                               Read, Write, Edit, Bash, Glob, Grep
+    Skills, Custom commands             .claude/skills and .claude/commands, @mentions
+    Images and notebooks, Background shells, Web, Sub-agents and the to-do list    the other tools
+    Project instructions                CLAUDE.md and its imports
+    Tool table and dispatch             the table the specs and the dispatch come from; parallel batches
+    MCP servers                         stdio, HTTP and SDK servers as tools
+    Settings, Permission rules, Hooks   Claude Code's settings files, deny/ask/allow, command hooks
+    Project trust                       what a repository brings runs only once the user approves it
+    Messages, The model client          requests built as pure data; the only HTTP, retries, streams
+    Transcripts, Compaction             sessions saved and resumed; the context window kept
+    The agent loop                      ask, run the calls, repeat; the Agent shared by conversations
+    Command line, Claude Code's output  flags and Config; text, json and stream-json as Claude Code writes them
+    Prompts and runs                    one -p run
+    Terminal, Session                   drawing on a terminal; the interactive session
+    SDK mode, Main                      the Agent SDK's protocol; main() and the exit codes
+
 Examples:
     solo -p "What does this project do?"           # answer one prompt and exit
     git diff | solo -p "Review this change"        # piped text is the prompt's context
