@@ -53,6 +53,8 @@ Environment:
     MCP_TIMEOUT              seconds an MCP server may take to start (default 10)
     MCP_TOOL_TIMEOUT         seconds one MCP tool call may take (default 120)
     SOLO_DEBUG=1             show Python tracebacks for internal errors
+    NO_COLOR                 set: a session draws no colour, status line or Markdown
+    PAGER                    what Ctrl-O and /expand show a whole result with (default less -R)
 
 Exit codes:
     0    the model answered
