@@ -7098,6 +7098,19 @@ class Session:
                 readline.append_history_file(1, self.history)
         return line
 
+    def idle_notice(self) -> threading.Timer | None:
+        """Notification hooks for a prompt left waiting, after Claude Code's messageIdleNotifThresholdMs (60 s)."""
+        agent = self.agent
+        if not agent.hooks:
+            return None
+        ms = setting(in_force(agent.cfg.settings, agent.trust.settings), "messageIdleNotifThresholdMs", 60_000)
+        ms = ms if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 < ms < math.inf else 60_000
+        timer = threading.Timer(ms / 1000, agent.hooks.fire, ("Notification", {
+            "message": "solo is waiting for your input", "notification_type": "idle_prompt"}, "idle_prompt"))
+        timer.daemon = True
+        timer.start()
+        return timer
+
     def read_prompt(self) -> str:
         """The next prompt: one given on the command line first; a paste is one prompt, a trailing backslash goes
         on, Esc Esc and Ctrl-O give commands."""
@@ -7110,7 +7123,12 @@ class Session:
             self.streams.stderr.write(f"> {line}\n")
             return line.strip()
         self.prefill = self.prefill or kept
-        lines = [self.read_line("> ")]
+        idle = self.idle_notice()
+        try:
+            lines = [self.read_line("> ")]
+        finally:
+            if idle:
+                idle.cancel()
         if MARK in lines[0]:
             text, _, action = lines[0].rpartition(MARK)
             if self.display.fancy:

@@ -578,3 +578,18 @@ def test_a_commands_bang_lines_pass_hooks_and_deny_rules_even_with_allowed_tools
     finally:
         made.close()
     assert (workspace / "victim").exists() and not (workspace / "made").exists()
+
+
+def test_a_notification_hook_runs_when_the_prompt_waits(serve, terminal, workspace):
+    """Claude Code's idle notification: a prompt left waiting past messageIdleNotifThresholdMs runs the hook."""
+    write(Path(os.environ["HOME"]) / ".claude" / "settings.json", {"messageIdleNotifThresholdMs": 300, "hooks": {
+        "Notification": [{"matcher": "", "hooks": [{"type": "command", "command": "cat > notified.json"}]}]}})
+    term = terminal(serve(lambda body: reply("ok")))
+    deadline = time.monotonic() + 15
+    while not (workspace / "notified.json").exists() or not (workspace / "notified.json").read_text():
+        assert time.monotonic() < deadline, "the Notification hook never ran"
+        time.sleep(0.05)
+    event = json.loads((workspace / "notified.json").read_text())
+    assert event["hook_event_name"] == "Notification" and event["notification_type"] == "idle_prompt"
+    term.send("/exit\r")
+    assert term.wait() == 0
