@@ -569,10 +569,6 @@ class Sandbox(NamedTuple):
     spawner: Spawner  # starts every command and MCP server of the run, confined
     unix: bool = False  # unix sockets allowed (any daemon of the user: tmux, docker, ssh-agent)
 
-    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
-        """Start a confined process."""
-        return self.spawner.popen(*args, **kwargs)
-
     def check(self, path: Path, file_path: str) -> None:
         """ToolError for a write that resolves (symlinks and '..' followed) outside the writable folders."""
         real = resolved(path, file_path)
