@@ -6768,8 +6768,11 @@ class Display(Reporter):
             self.status = False
 
     def draw(self) -> None:
-        """Draw the status line: spinner, what runs, seconds, tokens, how to stop it."""
-        with self.lock, contextlib.suppress(OSError):
+        """Draw the status line: spinner, what runs, seconds, tokens, how to stop it; not while another thread
+        draws or asks (a question holds the lock while it stops the thread that ticks: that must not wait here)."""
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
             if self.fancy and self.activity:
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
@@ -6777,6 +6780,10 @@ class Display(Reporter):
                 self.streams.stderr.write("\r\033[K" + paint(text[:self.width - 1], "grey"))
                 self.streams.stderr.flush()
                 self.status = True
+        except OSError:
+            pass
+        finally:
+            self.lock.release()
 
     def working(self, activity: str, since: float | None = None) -> None:
         """Say on the status line what is happening now ("" when nothing is)."""

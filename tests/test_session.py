@@ -528,3 +528,27 @@ def test_the_resume_picker_hides_this_session_puts_failed_runs_last_and_filters(
     term.send("1\r")
     term.expect(r"resumed [0-9a-f-]+: 4 messages")
     term.expect(PROMPT)
+
+
+def test_the_status_line_tick_never_waits_for_a_question_on_another_thread(workspace):
+    """A question holds the display's lock while it stops the thread that ticks: the tick must not wait for it."""
+    import io
+
+    from app import main as agent
+    display = agent.Display(agent.Config(api_key="k", cwd=workspace), agent.Streams(io.StringIO(), io.StringIO(),
+                                                                                   io.StringIO()), {"TERM": "xterm"})
+    display.working("thinking")
+    asking, answered = threading.Event(), threading.Event()
+
+    def question() -> None:
+        with display.lock:
+            asking.set()
+            answered.wait(10)
+
+    threading.Thread(target=question, daemon=True).start()
+    assert asking.wait(10)
+    ticked = threading.Thread(target=display.draw, daemon=True)
+    ticked.start()
+    ticked.join(5)
+    answered.set()
+    assert not ticked.is_alive()
