@@ -6609,6 +6609,57 @@ def width_of(text: str) -> int:
     return len(re.sub(r"\033\[[0-9;]*m", "", text))
 
 
+def cbreak(attrs: list) -> list:
+    """Terminal attributes with line editing and echo off: keys come one by one (Ctrl-C still sends SIGINT)."""
+    import termios
+    return [*attrs[:3], attrs[3] & ~(termios.ICANON | termios.ECHO), *attrs[4:]]
+
+
+def read_keys(fd: int, decoder: codecs.IncrementalDecoder) -> list[str]:
+    """The keys waiting on a terminal, an escape sequence as one key; a lone Esc last waits 50 ms for more."""
+    if not (chunk := os.read(fd, 1024)):
+        raise EOFError  # the terminal hung up
+    data = decoder.decode(chunk)
+    while data.endswith("\x1b") and select.select([fd], [], [], 0.05)[0]:
+        data += decoder.decode(os.read(fd, 1024))
+    return re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL)
+
+
+def show_paged(text: str, pager: str, fd: int) -> str:
+    """Show text through the pager, which has the terminal (its keys, Ctrl-C too) until it quits; why it failed."""
+    import shlex
+    import tempfile
+    try:
+        ours = os.tcgetpgrp(fd) == os.getpgrp()  # in the foreground: the terminal is lent, then taken back
+    except OSError:
+        ours = False
+    try:
+        with tempfile.TemporaryFile() as source:
+            source.write(text.encode(errors="replace"))
+            source.seek(0)
+            child = subprocess.Popen(shlex.split(pager), stdin=source, stdout=fd,
+                                     process_group=0 if ours else None)
+    except (OSError, ValueError) as error:
+        return f"cannot run the pager {pager!r}: {getattr(error, 'strerror', None) or error}"
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})  # taking the terminal back stops no one
+    try:
+        if ours:
+            os.tcsetpgrp(fd, child.pid)
+        while os.WIFSTOPPED(status := os.waitpid(child.pid, os.WUNTRACED if ours else 0)[1]):
+            os.killpg(child.pid, signal.SIGCONT)  # it read the terminal before it had it, or took Ctrl-Z: go on
+        child.returncode = os.waitstatus_to_exitcode(status)
+    except OSError as error:  # the terminal is gone
+        return f"the pager {pager!r} was stopped: {error.strerror}"
+    finally:
+        if child.returncode is None:
+            child.kill()
+            child.wait()
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, os.getpgrp()) if ours else None
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return f"the pager {pager!r} ended with exit code {child.returncode}" if child.returncode > 0 else ""
+
+
 @functools.cache
 def code_pattern(language: str) -> re.Pattern:
     """A language's comments, strings and keywords, as one pattern."""
@@ -6810,6 +6861,7 @@ class Display(Reporter):
 
     def __call__(self, event: dict) -> None:
         """Take one event, drawing tool calls and the end of a reply (a sub-agent's show as single lines)."""
+        now = time.monotonic()  # a call's time ends here, not when the pager lets it be shown
         with self.lock:
             if event.get("agent"):
                 return super().__call__(event)
@@ -6818,7 +6870,7 @@ class Display(Reporter):
                 self.chars = 0
                 self.put(self.markdown.feed("", end=True), self.streams.stdout) if self.markdown else None
             elif event["type"] in ("tool_call", "tool_result"):
-                self.start_call(event) if event["type"] == "tool_call" else self.end_call(event)
+                self.start_call(event) if event["type"] == "tool_call" else self.end_call(event, now)
             elif event["type"] == "request":
                 self.working("thinking")
             super().__call__(event)
@@ -6856,10 +6908,10 @@ class Display(Reporter):
         self.shown = event["id"]
         self.working(label)
 
-    def end_call(self, event: dict) -> None:
+    def end_call(self, event: dict, ended: float) -> None:
         """A tool call's result in a few lines (a file change as its diff, unless asked about), and its time."""
         label, started, asked, (existed, old), args = self.calls.pop(event["id"])
-        seconds = time.monotonic() - started - (self.asked - asked)
+        seconds = ended - started - (self.asked - asked)
         name, path, self.last = event["name"], str(args.get("file_path")), f"{label}\n{event['content']}"
         rows = result_summary(name, args, event["content"])
         if name in ("Write", "Edit") and not event["is_error"]:
@@ -6876,10 +6928,11 @@ class Display(Reporter):
 
 
 class Keys:
-    """The terminal during a turn, read by a thread: Esc interrupts, other keys wait for the next prompt."""
+    """The terminal during a turn, read by a thread: Esc interrupts, Ctrl-O pages the last result, other keys wait
+    for the next prompt."""
 
-    def __init__(self, fd: int | None, tick: Callable[[], None]):
-        self.fd, self.tick, self.kept, self.thread, self.saved = fd, tick, "", None, None
+    def __init__(self, fd: int | None, display: Display, expand: Callable[[], None]):
+        self.fd, self.display, self.expand, self.kept, self.thread, self.saved = fd, display, expand, "", None, None
         self.wake = os.pipe() if fd is not None else (-1, -1)
 
     def start(self) -> None:
@@ -6888,8 +6941,7 @@ class Keys:
         if self.fd is not None and not self.thread:
             with signals_held(), contextlib.suppress(termios.error):  # a Ctrl-C lands after: the pair stays whole
                 self.saved = termios.tcgetattr(self.fd)
-                termios.tcsetattr(self.fd, termios.TCSANOW, [*self.saved[:3], self.saved[3] & ~(termios.ICANON |
-                                  termios.ECHO), *self.saved[4:]])
+                termios.tcsetattr(self.fd, termios.TCSANOW, cbreak(self.saved))
                 self.thread = threading.Thread(target=self.read, args=(threading.main_thread().ident,), daemon=True)
                 self.thread.start()
 
@@ -6917,18 +6969,42 @@ class Keys:
             self.stop() if on else was and self.start()
 
     def read(self, main: int) -> None:
-        """Read keys until woken: a lone Esc interrupts the main thread, text is kept, other keys are dropped."""
+        """Read keys until woken: a lone Esc interrupts the main thread, Ctrl-O pages, text is kept, other keys are
+        dropped."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         while True:
             if not (ready := select.select([self.fd, self.wake[0]], [], [], 0.1)[0]):
-                self.tick()
-            elif not (data := "" if self.wake[0] in ready else os.read(self.fd, 1024).decode(errors="ignore")):
+                self.display.draw()
+                continue
+            if self.wake[0] in ready:
                 return
-            elif data == "\x1b" and not select.select([self.fd], [], [], 0.05)[0]:
+            try:
+                keys = read_keys(self.fd, decoder)
+            except (OSError, EOFError):
+                return
+            if "\x1b" in keys:
                 signal.pthread_kill(main, signal.SIGINT)
-            else:
-                for key in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL):
-                    self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + "\n" if key in "\r\n" \
-                        else self.kept + key if len(key) == 1 and key.isprintable() else self.kept
+            if "\x0f" in keys:
+                self.lend()
+            for key in keys:
+                self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + "\n" if key in "\r\n" \
+                    else self.kept + key if key.isprintable() else self.kept
+
+    def lend(self) -> None:
+        """The terminal as it was before the turn, for the pager, while the turn's display waits (the turn goes on
+        meanwhile; what it shows comes after); nothing if the turn stops reading first."""
+        import termios
+        while not self.display.lock.acquire(timeout=0.05):  # a question holds it, then stops this thread
+            if select.select([self.wake[0]], [], [], 0)[0]:
+                return
+        try:
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
+            self.expand()
+        finally:
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(self.fd, termios.TCSANOW, cbreak(self.saved))
+            self.display.lock.release()
 
 
 # --- Session --------------------------------------------------------------------------------------
@@ -7003,7 +7079,7 @@ class Session:
             raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
         self.streams, self.resume, self.env = streams, (resume, fork), env
         self.reporter = self.display = Display(cfg, streams, env)
-        self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display.draw)
+        self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display, self.expand)
         self.checkpoints: list[dict] = []  # the files Write and Edit changed, as they were before each prompt
         self.pending: list[str] = []  # `!command` outputs that go with the next prompt
         self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
@@ -7335,15 +7411,20 @@ class Session:
             self.reporter.say(f"added to {path}; it is read at the start of the next session")
 
     def expand(self) -> None:
-        """The last tool result whole, through the pager ($PAGER, or less)."""
-        if not self.display.last:
-            return self.reporter.say("no tool has run yet")
-        import shlex
-        try:
-            subprocess.run(shlex.split(self.env.get("PAGER") or "less -R"), stdout=self.streams.stderr.fileno(),
-                           input=(visible(self.display.last) + "\n").encode(), check=False)
-        except (OSError, ValueError):
-            self.display.put(visible(self.display.last) + "\n")
+        """The last tool result whole, through the pager ($PAGER, or less -R); shown here if that cannot start."""
+        with self.display.lock:
+            if not self.display.last:
+                return self.reporter.say("no tool has run yet")
+            self.display.clear()
+            with contextlib.suppress(OSError, ValueError):
+                self.streams.stdout.flush()
+                self.streams.stderr.flush()
+            text, pager = visible(self.display.last) + "\n", self.env.get("PAGER", "").strip() or "less -R"
+            if failed := show_paged(text, pager, self.streams.stderr.fileno()):
+                self.reporter.say(failed)
+                if failed.startswith("cannot"):
+                    self.display.put(text)
+            self.display.draw()
 
     def prompt_for(self, line: str) -> tuple[str, Command | None]:
         """What a line sends (/init's request, a custom command's text, @paths attached, !outputs), and its command."""

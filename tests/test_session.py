@@ -552,3 +552,72 @@ def test_the_status_line_tick_never_waits_for_a_question_on_another_thread(works
     ticked.join(5)
     answered.set()
     assert not ticked.is_alive()
+
+
+PAGER = """#!/bin/sh
+cat
+echo "the pager has the terminal"
+read line < /dev/tty
+echo "the pager got $line"
+"""
+
+
+def test_ctrl_o_in_a_turn_lends_the_terminal_to_the_pager_and_the_turn_goes_on_after(serve, terminal, tmp_path):
+    (tmp_path / "pager").write_text(PAGER)
+    (tmp_path / "pager").chmod(0o755)
+    asked, release, sent = threading.Event(), threading.Event(), threading.Event()
+
+    def model(body):
+        if user_turns(body)[-1] != "go":
+            return reply(f"next: {user_turns(body)[-1]}")
+        if body["messages"][-1]["role"] == "user":
+            asked.wait(20)  # no tool has run before the test has pressed Ctrl-O
+            return reply(tool_calls=[call("Bash", {"command": "seq 1 30"})])
+        return Stream([{"choices": [{"index": 0, "delta": {"content": "while the pager\n"}}]}, lambda: release.wait(20),
+                       {"choices": [{"index": 0, "delta": {"content": "the end"}, "finish_reason": "stop"}]},
+                       lambda: sent.set()])
+
+    server = serve(model)
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": str(tmp_path / "pager")}
+    term = terminal(server, "--yes", term="xterm", env=env)
+    term.send("go\r")
+    deadline = time.monotonic() + 10
+    while not server.bodies:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    term.send("\x0f")
+    term.expect("no tool has run yet")
+    asked.set()
+    term.expect("while the pager")  # the command ran; the reply waits
+    term.send("\x0f")
+    shown = term.expect("the pager has the terminal")
+    assert "Bash(seq 1 30)\r\n1\r\n2\r\n" in shown and "\r\n29\r\n30\r\n" in shown
+    term.send("q\r")  # the pager reads the terminal: it has it, not the turn
+    term.expect("the pager got q")
+    term.send("\x0f")  # again, and the turn ends while the pager has the terminal
+    term.expect("the pager has the terminal")
+    release.set()
+    assert sent.wait(10)
+    term.send("\x03")  # Ctrl-C goes to the pager, not to the turn
+    term.expect("the end")
+    term.expect(DRAWN_PROMPT)
+    assert "cancelled" not in term.transcript
+    assert term.transcript.index("the end") > term.transcript.rindex("the pager has the terminal")
+    term.send("more\r")  # the terminal is the prompt's again
+    term.expect("next: more")
+    term.expect(DRAWN_PROMPT)
+    assert user_turns(server.bodies[-1]) == ["go", "more"]
+
+
+@pytest.mark.parametrize("pager, said", [("/nonexistent/pager", "cannot run the pager '/nonexistent/pager': No such file"),
+                                         ("false", "the pager 'false' ended with exit code 1")])
+def test_a_pager_that_fails_is_said_and_the_session_goes_on(serve, terminal, pager, said):
+    server = serve(asks_once([call("Bash", {"command": "echo the-output"})]))
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": pager}
+    term = terminal(server, "--yes", env=env)
+    term.ask("run it", "done: the-output")
+    term.send("/expand\r")
+    shown = term.expect(PROMPT)
+    assert said in shown and ("the-output" in shown) == pager.startswith("/")  # shown here when none could start
+    term.send("/exit\r")
+    assert term.wait() == 0
