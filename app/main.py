@@ -7053,6 +7053,11 @@ def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str
     return f"{'change' if exists else 'create'} {visible(path)}{every}\n{diff}"
 
 
+def narrowed(rows: list[str], words: str) -> list[int]:
+    """The indexes of the rows that hold every word typed, in any case."""
+    return [i for i, row in enumerate(rows) if all(word in row.lower() for word in words.lower().split())]
+
+
 def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
     """A transcript's first and last prompt, whether it ended unanswered, and its prompts' checkpoints."""
     first, last, role, kept = "", "", "", []
@@ -7438,9 +7443,14 @@ class Session:
         return prompt, command
 
     def pick(self, rows: list[str], question: str) -> int:
-        """The index of the row the user picks by its number; words typed instead narrow the list down."""
+        """The index of the row the user picks: from a list each key typed narrows, on a terminal that can redraw
+        it; elsewhere by its number, words typed instead narrowing the list."""
+        if not rows:
+            raise UsageError("there is nothing to choose from")
+        if self.keys.fd is not None and self.env.get("TERM", "dumb") not in ("", "dumb"):
+            return self.pick_live(rows, question)
         words = ""
-        while shown := [i for i, row in enumerate(rows) if words.lower() in row.lower()][:10]:
+        while shown := narrowed(rows, words)[:10]:
             for number, i in enumerate(shown, start=1):
                 self.reporter.say(f"{number:2}. {rows[i]}")
             answer = self.read_line(f"{question} (1-{len(shown)})? ", history=False).strip()  # or words to narrow
@@ -7448,7 +7458,52 @@ class Session:
                 return shown[int(answer) - 1]
             if not (words := answer):
                 break
-        raise UsageError("nothing was chosen" if words or rows else "there is nothing to choose from")
+        raise UsageError("nothing was chosen")
+
+    def pick_live(self, rows: list[str], question: str) -> int:
+        """A row picked with the arrows and Enter on a screen of its own, the list narrowed at each key typed
+        (Backspace widens it) and redrawn when the terminal is resized; Esc or Ctrl-D picks none."""
+        import termios
+        fd, out, words, at, keys, drawn = self.keys.fd, self.streams.stderr, "", 0, deque(), ""
+        decoder, size, saved = codecs.getincrementaldecoder("utf-8")(errors="ignore"), (80, 24), termios.tcgetattr(fd)
+        try:
+            termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))
+            out.write("\033[?1049h")  # the screen of its own: the session's comes back as it was
+            while True:
+                shown = narrowed(rows, words)
+                at = max(0, min(at, len(shown) - 1))
+                if not keys:
+                    with contextlib.suppress(OSError):
+                        size = tuple(os.get_terminal_size(out.fileno()))
+                    head = f"{question} ({len(shown)}/{len(rows)}; type to narrow, ↑↓, Enter, Esc): {words}"
+                    if (frame := self.picker_frame(head, [rows[i] for i in shown], at, *size)) != drawn:
+                        out.write(frame)
+                        out.flush()
+                        drawn = frame
+                    keys.extend(read_keys(fd, decoder) if select.select([fd], [], [], 0.25)[0] else ())
+                elif (key := keys.popleft()) in ("\r", "\n") and shown:
+                    break
+                elif key in ("\x1b", "\x1b\x1b", "\x04"):
+                    raise UsageError("nothing was chosen")
+                else:
+                    at += (key in ("\x1b[B", "\x1bOB", "\x0e")) - (key in ("\x1b[A", "\x1bOA", "\x10"))
+                    typed = words[:-1] if key in ("\x7f", "\b") else words + key if key.isprintable() else words
+                    at, words = at if typed == words else 0, typed
+        finally:
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
+            out.write("\033[?1049l")
+            out.flush()
+        out.write(f"{question}: {rows[shown[at]]}\n")
+        return shown[at]
+
+    def picker_frame(self, head: str, rows: list[str], at: int, columns: int, lines: int) -> str:
+        """A picker's whole screen: the question and the words typed, then the rows that fit, the one at `at`
+        marked; a row is cut at the edge, and a long question loses its start, not the words typed."""
+        columns, room = max(columns or 80, 10), max((lines or 24) - 1, 1)  # 0: a terminal that does not say
+        top, head = max(0, at - room + 1), head[-(columns - 1):]
+        body = [self.display.paint(f"❯ {row}"[:columns - 1], "cyan") if i == at else f"  {row}"[:columns - 1]
+                for i, row in enumerate(rows[top:top + room], start=top)]
+        return f"\033[H\033[J{head}" + "".join(f"\n{row}" for row in body) + f"\033[1;{len(head) + 1}H"
 
     def rewind(self) -> None:
         """Go back to before an earlier prompt: the conversation, the files Write and Edit changed, or both."""

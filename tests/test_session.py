@@ -621,3 +621,72 @@ def test_a_pager_that_fails_is_said_and_the_session_goes_on(serve, terminal, pag
     assert said in shown and ("the-output" in shown) == pager.startswith("/")  # shown here when none could start
     term.send("/exit\r")
     assert term.wait() == 0
+
+
+def picker(term, head: str) -> list[str]:
+    """The lines of the picker's screen, colours taken off, once its first line reads `head` (a screen is drawn whole
+    from the top left, and ends with the cursor put back after the words typed)."""
+    shown = term.expect(re.escape(head) + r"[^\n]*?(?:\n[^\n]*?)*?\x1b\[1;\d+H")
+    return re.sub(r"\x1b\[[0-9;]*[mH]", "", shown.rsplit("\x1b[H\x1b[J", 1)[1]).split("\r\n")
+
+
+@pytest.mark.parametrize("colour", [True, False], ids=["colour", "NO_COLOR"])
+def test_the_resume_picker_narrows_the_list_at_each_key_typed_and_widens_it_at_backspace(serve, terminal, workspace,
+                                                                                         run, colour):
+    server = serve(tool_then([call("Read", {"file_path": "missing.txt"})], "answered"))
+    home = {"SOLO_HOME": str(workspace.parent / "solo-home")}
+    assert run(["-p", "alpha question", "--max-turns", "1"], cwd=workspace, base_url=server.url, env=home).code == 3
+    for prompt in ("beta question", "gamma question"):
+        assert run(["-p", prompt], cwd=workspace, base_url=server.url, env=home).code == 0
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", **home}
+    env = env if colour else {**env, "NO_COLOR": "1"}
+    term = terminal(server, term="xterm", env=env)
+    term.send("/resume\r")
+    head = "Resume which ({}/3; type to narrow, ↑↓, Enter, Esc): {}"
+    rows = picker(term, head.format(3, ""))
+    assert [row[:2] for row in rows[1:]] == ["❯ ", "  ", "  "] and "gamma question" in rows[1]
+    assert rows[3].endswith("alpha question (ended without an answer)")
+    term.send("al")  # typed at once: the list is drawn for both keys
+    assert [row for row in picker(term, head.format(1, "al"))[1:] if row] == [rows[3].replace("  ", "❯ ", 1)]
+    term.send("\x7f\x7f")  # Backspace widens it again
+    assert picker(term, head.format(3, "")) == rows
+    term.send("quest\x1b[B")  # the arrow moves the mark: beta
+    assert [row[:2] for row in picker(term, head.format(3, "quest"))[1:]] == ["  ", "❯ ", "  "]
+    term.send("\r")
+    term.expect(r"resumed [0-9a-f-]+: 5 messages")
+    term.expect("▸ beta question")
+    term.expect(DRAWN_PROMPT)
+    assert ("\x1b[36m❯" in term.transcript) == colour
+    for key, said in (("\x1b", "nothing was chosen"), ("\x03", "cancelled")):  # Esc and Ctrl-C pick none
+        term.send("/resume\r")
+        picker(term, head.format(2, "").replace("/3", "/2"))  # beta, the session now, is not offered
+        term.send(key)
+        term.expect(said)
+        term.expect(DRAWN_PROMPT)
+    term.send("next\r")  # the prompt reads lines again
+    term.expect("answered")
+    assert user_turns(server.bodies[-1]) == ["beta question", "next"]
+
+
+def test_the_resume_picker_fits_a_small_terminal_and_is_redrawn_when_it_is_resized(serve, terminal, workspace, run):
+    import fcntl
+    import struct
+    import termios
+    server = serve(lambda body: reply("answered"))
+    home = {"SOLO_HOME": str(workspace.parent / "solo-home")}
+    for fruit in ("apples", "pears", "plums", "figs", "dates"):
+        assert run(["-p", f"a long question about {fruit}"], cwd=workspace, base_url=server.url, env=home).code == 0
+    term = terminal(server, term="xterm", env={**os.environ, "OPENROUTER_BASE_URL": server.url,
+                                               "OPENROUTER_API_KEY": "k", **home})
+    fcntl.ioctl(term.master, termios.TIOCSWINSZ, struct.pack("HHHH", 4, 24, 0, 0))  # 4 lines of 24 columns
+    term.send("/resume\r")
+    rows = picker(term, "Esc): ")
+    assert len(rows) == 4 and all(len(row) <= 23 for row in rows)  # 3 of the 5 rows, cut at the edge
+    term.send("plums long")
+    rows = picker(term, "Esc): plums long")  # the start of the question gives way to the words typed
+    assert rows[0] == "Enter, Esc): plums long" and rows[1:] == ["❯ " + rows[1][2:]] and len(rows[1]) == 23
+    fcntl.ioctl(term.master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    rows = picker(term, "Resume which (1/5; type to narrow, ↑↓, Enter, Esc): plums long")
+    assert rows[1].endswith("a long question about plums")
+    term.send("\r")
+    term.expect(r"resumed [0-9a-f-]+: 3 messages")
