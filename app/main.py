@@ -7234,12 +7234,17 @@ class Session:
             termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
         while True:
             try:
-                answer = self.read_line(question, history=False).strip().lower()
+                line = self.read_line(question, history=False)
             except EOFError:
                 self.streams.stderr.write("\n")
                 return ""
-            if answer in answers:
+            if (answer := line.strip().lower()) in answers:
                 return answer[0]
+            if MARK in line:  # a bound key, not an answer: Ctrl-O shows the last result whole, then asks again
+                self.streams.stderr.write("\033[A\r\033[K" * self.display.fancy)
+                if line.endswith(MARK + "expand"):
+                    self.expand()
+                continue
             question = again
 
     def confirm(self, tool: str, args: dict, proposals: tuple[str, ...]) -> str:

@@ -690,3 +690,25 @@ def test_the_resume_picker_fits_a_small_terminal_and_is_redrawn_when_it_is_resiz
     assert rows[1].endswith("a long question about plums")
     term.send("\r")
     term.expect(r"resumed [0-9a-f-]+: 3 messages")
+
+
+def test_ctrl_o_at_a_question_shows_the_last_result_whole_then_asks_again(serve, terminal, workspace):
+    (workspace / "notes.txt").write_text("".join(f"note {i}\n" for i in range(20)))
+
+    def model(body):
+        done = sum(m["role"] == "tool" for m in body["messages"])
+        if done < 2:
+            return reply(tool_calls=[call("Read", {"file_path": "notes.txt"}) if done == 0 else
+                                     call("Bash", {"command": "echo ran"})])
+        return reply("done: " + last_result(body))
+
+    server = serve(model)
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": "cat"}
+    term = terminal(server, env=env, term="xterm")
+    term.send("go\r")
+    term.expect(r"Allow Bash\? \[y/n/a/s\] ")
+    term.send("\x0f")
+    shown = term.expect(r"Allow Bash\? \[y/n/a/s\] ")
+    assert "Read(notes.txt)\r\n" in shown and "note 10\r\n" in shown and "Please answer" not in shown
+    term.send("y\r")
+    term.expect("done: ran")
