@@ -7015,7 +7015,7 @@ SESSION_COMMANDS = {  # the session's own commands, for /help, Tab and "did you 
     "/cost": "requests, tokens and cost so far", "/compact [FOCUS]": "summarise the conversation so far",
     "/init": "ask the model to write or improve CLAUDE.md for this project",
     "/rewind": "go back to before an earlier prompt: conversation, files or both (Esc Esc)",
-    "/expand": "the last tool result whole, in a pager (Ctrl-O)",
+    "/expand": "the last tool result whole, in a pager (Ctrl-O, during a turn too)",
     "/sessions": "this directory's sessions", "/resume": "go on with one of them", "/mcp": "the MCP servers",
     "/permissions": "the permission rules in force and where each comes from",
     "/trust": "forget your answers about this folder's .mcp.json servers, outside imports and settings",
