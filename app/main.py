@@ -7473,7 +7473,7 @@ class Session:
         decoder, size, saved = codecs.getincrementaldecoder("utf-8")(errors="ignore"), (80, 24), termios.tcgetattr(fd)
         try:
             termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))
-            out.write("\033[?1049h")  # the screen of its own: the session's comes back as it was
+            out.write("\033[?1049h\033[?7l")  # a screen of its own (the session's comes back), no line wraps
             while True:
                 shown = narrowed(rows, words)
                 at = max(0, min(at, len(shown) - 1))
@@ -7496,7 +7496,7 @@ class Session:
                     at, words = at if typed == words else 0, typed
         finally:
             termios.tcsetattr(fd, termios.TCSANOW, saved)
-            out.write("\033[?1049l")
+            out.write("\033[?7h\033[?1049l")
             out.flush()
         out.write(f"{question}: {rows[shown[at]]}\n")
         return shown[at]
