@@ -6654,8 +6654,9 @@ def show_paged(text: str, pager: str, fd: int) -> str:
         if child.returncode is None:
             child.kill()
             child.wait()
-        with contextlib.suppress(OSError):
-            os.tcsetpgrp(fd, os.getpgrp()) if ours else None
+        if ours:
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(fd, os.getpgrp())
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     return f"the pager {pager!r} ended with exit code {child.returncode}" if child.returncode > 0 else ""
 
