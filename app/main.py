@@ -7244,7 +7244,8 @@ class Session:
             if MARK in line:  # a bound key, not an answer: Ctrl-O shows the last result whole, then asks again
                 self.streams.stderr.write("\033[A\r\033[K" * self.display.fancy)
                 if line.endswith(MARK + "expand"):
-                    self.expand()
+                    with self.display.question():  # time in the pager is the question's, not the tool's
+                        self.expand()
                 continue
             question = again
 

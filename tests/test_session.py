@@ -703,7 +703,7 @@ def test_ctrl_o_at_a_question_shows_the_last_result_whole_then_asks_again(serve,
         return reply("done: " + last_result(body))
 
     server = serve(model)
-    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": "cat"}
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": "sh -c 'cat; sleep 1.2'"}
     term = terminal(server, env=env, term="xterm")
     term.send("go\r")
     term.expect(r"Allow Bash\? \[y/n/a/s\] ")
@@ -711,4 +711,5 @@ def test_ctrl_o_at_a_question_shows_the_last_result_whole_then_asks_again(serve,
     shown = term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     assert "Read(notes.txt)\r\n" in shown and "note 10\r\n" in shown and "Please answer" not in shown
     term.send("y\r")
-    term.expect("done: ran")
+    shown = term.expect("done: ran")
+    assert float(re.search(r"⎿ ran\x1b\[90m \((\d+\.\d) s\)", shown).group(1)) < 1.2  # the pager's time is not the tool's
