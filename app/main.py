@@ -153,6 +153,7 @@ SHELLS_AT_ONCE = 8  # background shells running at one time
 AGENTS_AT_ONCE = 4  # sub-agents of one reply running at one time
 WEB_TIMEOUTS, WEB_SECONDS = (10.0, 30.0), 60.0  # WebFetch: connect, longest silence; a whole page
 WEB_BYTES, WEB_TEXT_LIMIT = 5 << 20, 100_000  # bytes of a page read; characters of its text the model reads
+WEB_CACHE_SECONDS, WEB_CACHE_PAGES = 900, 16  # WebFetch reuses a page this long (Claude Code's 15 minutes); pages kept
 
 
 class Layer(NamedTuple):
@@ -1210,6 +1211,7 @@ class ToolContext(NamedTuple):
     delegate: Callable[[str, str, str], str] | None = None  # runs a sub-agent (type, description, prompt); None in one
     side: Callable[..., dict] | None = None  # a request beside the conversation (messages, body fields): its reply
     blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
+    pages: dict | None = None  # the run's fetched pages: URL -> (monotonic time, final URL, text); None: none kept
 
 
 class Tool(NamedTuple):
@@ -2457,14 +2459,29 @@ WEB_READER = ("You read a web page for a coding agent and answer its request fro
               "quoting code, commands and numbers verbatim. Say so when the page does not answer it.")
 
 
+def kept_page(ctx: ToolContext, url: str) -> tuple[str, str, str]:
+    """A page's URL and text as fetch_page gives them, reused from the run's copy when fetched in the last 15
+    minutes (then a note says how old it is); the run keeps the last few."""
+    at, final, text = (ctx.pages or {}).get(url) or (-math.inf, "", "")
+    if (age := time.monotonic() - at) < WEB_CACHE_SECONDS:
+        return final, text, f"\n[the page as fetched {age:.0f} s ago: WebFetch reuses a page for 15 minutes]"
+    final, text = fetch_page(url)
+    if ctx.pages is not None:
+        ctx.pages.pop(url, None)  # the newest last: the oldest go first
+        ctx.pages[url] = (time.monotonic(), final, clip(text, WEB_TEXT_LIMIT))
+        for old in list(ctx.pages)[:-WEB_CACHE_PAGES]:
+            ctx.pages.pop(old, None)
+    return final, text, ""
+
+
 def tool_web_fetch(ctx: ToolContext, url: str, prompt: str) -> str:
-    """Fetch a page and have the model answer the prompt about it."""
-    url, text = fetch_page(web_url(ctx, url))
+    """Fetch a page (or reuse the run's recent copy) and have the model answer the prompt about it."""
+    url, text, note = kept_page(ctx, web_url(ctx, url))
     if not url or ctx.side is None:
-        return text if not url else clip(text)
+        return (text if not url else clip(text)) + note
     reply = ctx.side([{"role": "system", "content": WEB_READER}, {
         "role": "user", "content": f'<page url="{url}">\n{clip(text, WEB_TEXT_LIMIT)}\n</page>\n\n{prompt}'}])
-    return content_text(reply).strip() or "(the model said nothing about the page)"
+    return (content_text(reply).strip() or "(the model said nothing about the page)") + note
 
 
 def in_domains(url: str, domains: Iterable[str]) -> bool:
@@ -5478,7 +5495,7 @@ class Agent:
         tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
-                               delegate=self.delegate, side=self.side, blind=self.blind)
+                               delegate=self.delegate, side=self.side, blind=self.blind, pages={})
         self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner,  # confined too
                                  relay)  # SDK mode: in-process servers of the SDK
         for server in self.servers:

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 
 from app import main as agent
 from tests.fake_openrouter import call, reply, tool_results
@@ -278,17 +279,23 @@ def test_html_becomes_markdown_like_text():
 @pytest.fixture
 def site():
     """A local web server: a page, redirects on and off its host, a page over 5 MB, binary data, a slow page."""
+    counted: list[str] = []
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:
             pass
 
         def do_GET(self) -> None:
             port = self.server.server_address[1]
+            if self.path.startswith("/count"):  # a page that changes: how many times it was asked for
+                counted.append(self.path)
+                self.path = "/plain-count"
             routes = {"/page": (200, "text/html; charset=utf-8", PAGE.encode()),
                       "/plain": (200, "text/plain", b"just text"),
                       "/big": (200, "text/plain", b"x" * (6 << 20)),
                       "/binary": (200, "application/octet-stream", bytes(range(256)) * 4),
-                      "/missing": (404, "text/html", b"no")}
+                      "/missing": (404, "text/html", b"no"),
+                      "/plain-count": (200, "text/plain", f"fetched {len(counted)} times".encode())}
             if self.path == "/here":
                 return self.redirect("/page")
             if self.path == "/away":
@@ -343,6 +350,27 @@ def test_web_fetch_reads_pages_and_asks_the_model(ctx, site, monkeypatch):
         asked[-1][0][1]["content"]
     monkeypatch.setattr(agent, "WEB_TIMEOUTS", (1.0, 0.3))
     assert run(ctx, "WebFetch", url=f"{site}/slow", prompt="p").startswith(f"Error: could not fetch {site}/slow:")
+
+
+def test_web_fetch_reuses_a_page_for_15_minutes_and_says_so(ctx, site):
+    pages: dict = {}
+    ctx = ctx._replace(side=lambda messages, **fields: {"content": messages[-1]["content"]}, pages=pages)
+    assert run(ctx, "WebFetch", url=f"{site}/count", prompt="p") == f'<page url="{site}/count">\nfetched 1 times\n' \
+                                                                     '</page>\n\np'
+    again = run(ctx, "WebFetch", url=f"{site}/count", prompt="other question")
+    assert again.startswith(f'<page url="{site}/count">\nfetched 1 times\n</page>\n\nother question\n[the page as '
+                            'fetched 0 s ago') and again.endswith(
+        " s ago: WebFetch reuses a page for 15 minutes]")  # the page changed meanwhile: the answer says it is a copy
+    assert requests.get(f"{site}/count", timeout=5).text == "fetched 2 times"  # one fetch so far, this is the second
+    at, final, text = pages[f"{site}/count"]
+    pages[f"{site}/count"] = (at - agent.WEB_CACHE_SECONDS, final, text)  # 15 minutes later
+    assert "fetched 3 times" in run(ctx, "WebFetch", url=f"{site}/count", prompt="p")
+    for n in range(agent.WEB_CACHE_PAGES):
+        run(ctx, "WebFetch", url=f"{site}/count?{n}", prompt="p")
+    assert len(pages) == agent.WEB_CACHE_PAGES and f"{site}/count" not in pages  # the oldest went first
+    assert run(ctx._replace(pages=None), "WebFetch", url=f"{site}/count", prompt="p").endswith("fetched 20 times\n</page>\n\np")
+    assert run(ctx, "WebFetch", url=f"{site}/away", prompt="p") == run(ctx, "WebFetch", url=f"{site}/away",
+                                                                          prompt="p").rpartition("\n")[0]
 
 
 @pytest.mark.parametrize("url, error", [
