@@ -6716,8 +6716,9 @@ def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> st
 
 
 def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
-    """The file a Write or Edit names, whether it exists, and its bytes (None when unreadable or too large)."""
-    path = Path(cwd, os.path.expanduser(str(args.get("file_path", ""))))
+    """The file a Write, Edit or NotebookEdit names, whether it exists, and its bytes (None when unreadable or too
+    large)."""
+    path = Path(cwd, os.path.expanduser(str(args.get("file_path", args.get("notebook_path", "")))))
     with contextlib.suppress(OSError):
         if path.is_file() and path.stat().st_size <= CHECKPOINT_BYTES:
             return path, True, path.read_bytes()
@@ -7014,15 +7015,16 @@ class Session:
         self.streams, self.resume, self.env = streams, (resume, fork), env
         self.reporter = self.display = Display(cfg, streams, env)
         self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display.draw)
-        self.checkpoints: list[dict] = []  # the files Write and Edit changed, as they were before each prompt
+        self.checkpoints: list[dict] = []  # the files Write, Edit and NotebookEdit changed, as before each prompt
         self.pending: list[str] = []  # `!command` outputs that go with the next prompt
         self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
         self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
         self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
 
     def event(self, event: dict) -> None:
-        """An event of the agent's, shown; before a Write or Edit, the file as it was is kept (a checkpoint)."""
-        if event["type"] == "tool_call" and event["name"] in ("Write", "Edit"):
+        """An event of the agent's, shown; before a Write, Edit or NotebookEdit, the file as it was is kept (a
+        checkpoint)."""
+        if event["type"] == "tool_call" and event["name"] in ("Write", "Edit", "NotebookEdit"):
             with contextlib.suppress(ValueError):
                 self.checkpoint(parse_arguments(event["arguments"]))
         self.display(event)
@@ -7030,7 +7032,7 @@ class Session:
     def checkpoint(self, args: dict) -> None:
         """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
         path, exists, data = file_before(self.agent.cfg.cwd, args)
-        path = os.path.realpath(path)  # where Write and Edit write: through a symlink, its target
+        path = os.path.realpath(path)  # where Write, Edit and NotebookEdit write: through a symlink, its target
         if not any(c["prompt"] == self.mark and c["path"] == path for c in self.checkpoints):
             self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": path,
                                      "exists": exists, "bytes": data and data.decode("latin-1")})
@@ -7380,7 +7382,8 @@ class Session:
         raise UsageError("nothing was chosen" if words or rows else "there is nothing to choose from")
 
     def rewind(self) -> None:
-        """Go back to before an earlier prompt: the conversation, the files Write and Edit changed, or both."""
+        """Go back to before an earlier prompt: the conversation, the files Write, Edit and NotebookEdit changed, or
+        both."""
         prompts = [(i, m) for i, m in enumerate(self.messages) if m.get("role") == "user"][-9:]
         changed = [len({c["path"] for c in self.checkpoints if c["prompt"] >= i}) for i, _ in prompts]
         index, message = prompts[self.pick([visible(one_line(content_text(m), 70)) + (
@@ -7397,20 +7400,25 @@ class Session:
             self.reporter.say("the conversation is back to before that prompt, which is yours to edit and send")
 
     def restore(self, index: int) -> None:
-        """Put back the files Write and Edit changed since prompt `index`, as they were before it."""
+        """Put back the files Write, Edit and NotebookEdit changed since prompt `index`, as they were before it (a
+        symlink put in a file's place is replaced, never followed)."""
         kept: dict[str, dict] = {}
         for checkpoint in self.checkpoints:
             kept.setdefault(checkpoint["path"], checkpoint) if checkpoint["prompt"] >= index else None
-        big = [path for path, c in kept.items() if c["exists"] and c["bytes"] is None]
+        missed = {path: "too large to keep" for path, c in kept.items() if c["exists"] and c["bytes"] is None}
         for path, c in kept.items():
-            with contextlib.suppress(OSError):
-                if not c["exists"]:
+            try:
+                if not c["exists"] and os.path.lexists(path):
                     os.unlink(path)
                 elif c["bytes"] is not None:
-                    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None
+                    st = os.lstat(path) if os.path.lexists(path) else None
+                    mode = stat.S_IMODE(st.st_mode) if st and stat.S_ISREG(st.st_mode) else None
                     replace_file(Path(path), c["bytes"].encode("latin-1"), mode)
-        self.reporter.say(f"restored: {', '.join(p for p in kept if p not in big) or 'no file'}" +
-                          (f"; too large to keep: {', '.join(big)}" if big else "") +
+            except OSError as error:
+                missed[path] = error.strerror or str(error)
+        not_done = ", ".join(f"{path} ({why})" for path, why in missed.items())
+        self.reporter.say(f"restored: {', '.join(p for p in kept if p not in missed) or 'no file'}" +
+                          (f"; not restored: {not_done}" if missed else "") +
                           ". Files changed by commands (Bash) are not tracked and were not restored.")
 
     def resume_picked(self) -> None:
