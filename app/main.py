@@ -1208,10 +1208,11 @@ class ToolContext(NamedTuple):
     emit: Callable[[dict], None] | None = None  # shows an event to the user (the to-do list)
     todos: list | None = None  # the conversation's to-do list, replaced in place by TodoWrite
     shells: Shells | None = None  # the run's background shells
-    delegate: Callable[[str, str, str], str] | None = None  # runs a sub-agent (type, description, prompt); None in one
+    delegate: Callable[..., str] | None = None  # runs a sub-agent (type, description, prompt, call id); None in one
     side: Callable[..., dict] | None = None  # a request beside the conversation (messages, body fields): its reply
     blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
     pages: dict | None = None  # the run's fetched pages: URL -> (monotonic time, final URL, text); None: none kept
+    call_id: str = ""  # the id of the call being run (a sub-agent's messages name their Agent call)
 
 
 class Tool(NamedTuple):
@@ -2550,7 +2551,7 @@ def tool_agent(ctx: ToolContext, description: str, prompt: str, subagent_type: s
     """Run a prompt in a sub-agent with a fresh conversation; return its final answer."""
     if ctx.delegate is None:
         raise ToolError("a sub-agent cannot start another sub-agent")
-    return ctx.delegate(subagent_type, description, prompt)
+    return ctx.delegate(subagent_type, description, prompt, ctx.call_id)
 
 
 TODO_STATES = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
@@ -2849,7 +2850,7 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
         kwargs = check_arguments(tool, args)
         if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, kwargs)):  # shown as they will run
             return denial(why)
-        result = tool.run(ctx, **kwargs)
+        result = tool.run(ctx._replace(call_id=str(call.get("id") or "")), **kwargs)
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
     return attached(clip(result, tool.limit), result.parts) if isinstance(result, Attached) else clip(str(result),
@@ -5606,9 +5607,10 @@ class Agent:
             return f"Error: the skill's sub-agent stopped ({outcome.subtype})"
         return outcome.answer
 
-    def delegate(self, kind: str, description: str, prompt: str) -> str:
+    def delegate(self, kind: str, description: str, prompt: str, parent: str = "") -> str:
         """Run a prompt in a sub-agent of a type, in its own conversation (a side chain of the transcript) and
-        thread, its usage counted in the run's; its final answer. In plan mode it has only read-only tools."""
+        thread, its usage counted in the run's, its events tagged with its Agent call's id (`parent`); its final
+        answer. In plan mode it has only read-only tools."""
         spec = self.agent_types.get(kind)
         if spec is None:
             raise ToolError(f"no agent type {kind}; types: {', '.join(self.agent_types)}")
@@ -5624,7 +5626,8 @@ class Agent:
         def emit(event: dict) -> None:
             if self.turns != turn:
                 raise ToolError("the prompt that started this sub-agent was cancelled")
-            self.emit({**event, "agent": description or kind})
+            self.emit({**event, "agent": description or kind, "parent": parent})
+        emit({"type": "prompt", "text": prompt})
         outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
                             ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
                             compactor=self.compactor, hooks=self.hooks, stop_event="SubagentStop")
@@ -6254,9 +6257,9 @@ class ClaudeOutput:
         self.events: list[dict] | None = [] if array else None
         self.stream, self.partial = AnthropicStream(), []  # the reply under way: its stream, its text so far
 
-    def common(self) -> dict:
-        """The fields every line but the result carries."""
-        return {"parent_tool_use_id": None, "session_id": self.cfg.session_id, "uuid": new_uuid()}
+    def common(self, parent: str | None = None) -> dict:
+        """The fields every line but the result carries: a sub-agent's lines name the Agent call that started it."""
+        return {"parent_tool_use_id": parent, "session_id": self.cfg.session_id, "uuid": new_uuid()}
 
     def write(self, obj: dict) -> None:
         """One object: a line on stdout now, or an item of the array."""
@@ -6302,22 +6305,27 @@ class ClaudeOutput:
                     **self.common()})
 
     def take(self, event: dict) -> None:
-        """One agent event as Claude Code's lines (events Claude Code has no line for write none)."""
-        kind = event["type"]
+        """One agent event as Claude Code's lines (events Claude Code has no line for write none); a sub-agent's
+        replies are not streamed, so they leave the stream of the reply under way alone."""
+        kind, parent = event["type"], event.get("parent") or None
         if kind == "assistant":
-            message_id = self.end_reply(event["finish_reason"], event["usage"])
+            message_id = f"msg_{os.urandom(12).hex()}" if parent else self.end_reply(event["finish_reason"],
+                                                                                       event["usage"])
             for block in claude_blocks(event["message"]) or [{"type": "text", "text": ""}]:
                 self.write({"type": "assistant", "message": {
                     "id": message_id, "type": "message", "role": "assistant", "model": event["model"],
                     "content": [block], "stop_reason": None, "stop_sequence": None,
-                    "usage": claude_usage(event["usage"])}, **self.common()})
+                    "usage": claude_usage(event["usage"])}, **self.common(parent)})
+        elif kind == "prompt":  # a sub-agent's task
+            text = [{"type": "text", "text": event["text"]}]
+            self.write({"type": "user", "message": {"role": "user", "content": text}, **self.common(parent)})
         elif kind == "tool_result":
             content = event["content"]
             content = [{"type": "text", "text": content}] if event["name"].startswith("mcp__") and \
                 not event["is_error"] else content
             result = {"type": "tool_result", "tool_use_id": event["id"], "content": content,
                       "is_error": event["is_error"]}
-            self.write({"type": "user", "message": {"role": "user", "content": [result]}, **self.common(),
+            self.write({"type": "user", "message": {"role": "user", "content": [result]}, **self.common(parent),
                         "tool_use_result": content})
         elif kind == "api_retry":
             self.write({"type": "system", "subtype": "api_retry", **{k: event[k] for k in (
@@ -6380,6 +6388,8 @@ class Reporter:
             self.trace.write(redact(json.dumps({"time": round(time.time(), 3), **event}, ensure_ascii=False),
                                     self.cfg.api_key) + "\n")
             self.trace.flush()
+        if self.claude and event.get("parent") and kind in ("prompt", "assistant", "tool_result"):
+            self.claude.take(event)  # a sub-agent's messages, under its Agent call's id
         if event.get("agent") and kind not in ("notice", "reply", "request", "tool_result"):
             return  # of a sub-agent's events, only its notices, timings and tool lines show
         if kind == "delta":
