@@ -6412,8 +6412,6 @@ class Reporter:
             self.end_line()
         elif kind == "notice":
             self.say(event["text"])
-        elif kind == "todos" and self.interactive:
-            self.say("to-do list:\n" + checklist(event["todos"]))
         elif kind == "hook_response" and self.cfg.verbose:
             self.say(f"hook {event['hook_name']} ({one_line(event['command'], 60)}) -> exit {event['exit_code']}"
                      f"{', ' + event['decision'] if event['decision'] else ''}, {event['seconds']:.2f} s")
@@ -6610,6 +6608,7 @@ SGR = {"bold": "1", "italic": "3", "under": "4", "red": "31", "green": "32", "ma
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 CHECKPOINT_BYTES = 1 << 20  # a file larger than this is not kept by a checkpoint
 RESULT_LINES = 8  # lines of a tool's output shown under its line: the first and the last
+TODO_SHOWN = 20  # items of the to-do list drawn at most, from the one before the first unfinished
 KEYWORDS = {  # highlighted in fenced code blocks; C, Java, Go, Rust and their kin share a list
     "python": "and as assert async await break class continue def del elif else except False finally for from global "
               "if import in is lambda None not or pass raise return self True try while with yield",
@@ -6634,6 +6633,26 @@ def paint(text: str, *styles: str) -> str:
 def width_of(text: str) -> int:
     """The columns a drawn text takes (its escape sequences take none)."""
     return len(re.sub(r"\033\[[0-9;]*m", "", text))
+
+
+def rows_of(line: str, width: int) -> int:
+    """The terminal rows a drawn line takes at a width: it wraps, wide characters take two columns, a wide one that
+    does not fit on a row goes to the next."""
+    import unicodedata  # only when the to-do list is drawn
+    rows, column = 1, 0
+    for ch in re.sub(r"\033\[[0-9;]*m", "", line):
+        size = 2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+        rows, column = (rows + 1, size) if column + size > width else (rows, column + size)
+    return rows
+
+
+def todo_lines(todos: list[dict], limit: int) -> list[str]:
+    """The to-do list as lines for the screen, at most `limit` items: from the one before the first unfinished."""
+    first = next((i for i, todo in enumerate(todos) if todo["status"] != "completed"), len(todos))
+    start = max(0, min(first - 1, len(todos) - limit))
+    rest = len(todos) - start - limit
+    return [f"… {start} completed"] * bool(start) + [one_line(visible(line), 500) for line in (checklist(
+        todos[start: start + limit]) or "(no items)").split("\n")] + [f"… +{rest} more"] * (rest > 0)
 
 
 @functools.cache
@@ -6764,6 +6783,7 @@ class Display(Reporter):
         self.tokens = self.chars = 0  # completion tokens of this session's replies; characters of the one coming
         self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
         self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
+        self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
 
     def paint(self, text: str, *styles: str) -> str:
         """Text in styles, on a terminal that shows them."""
@@ -6790,7 +6810,8 @@ class Display(Reporter):
         """The status line says what happens instead."""
 
     def clear(self) -> None:
-        """Take the status line off the screen."""
+        """Take the status line off the screen, for something drawn in its place (below the to-do list)."""
+        self.listed = 0
         if self.status:
             self.streams.stderr.write("\r\033[K")
             self.status = False
@@ -6842,18 +6863,27 @@ class Display(Reporter):
                 self.start_call(event) if event["type"] == "tool_call" else self.end_call(event)
             elif event["type"] == "request":
                 self.working("thinking")
+            elif event["type"] == "todos":
+                self.draw_todos(event["todos"])
             super().__call__(event)
 
     def delta(self, delta: dict) -> None:
         """A piece of the answer: drawn as Markdown line by line on a terminal, as it comes elsewhere."""
         text = delta.get("content")
-        self.chars += len(text) if isinstance(text, str) else 0
+        if not isinstance(text, str) or not text:  # a tool call's or reasoning's piece: nothing is drawn
+            return super().delta(delta)
+        self.chars += len(text)
         with self.lock:
-            if not self.markdown or not isinstance(text, str):
-                self.clear()
+            if not self.markdown:
                 return super().delta(delta)
             self.streamed = True
             self.put(self.markdown.feed(for_terminal(text, self.streams.stdout)), self.streams.stdout)
+
+    def show(self, text: str) -> None:
+        """The model's text as it comes, in the status line's place."""
+        with self.lock:
+            self.clear()
+            super().show(text)
 
     def answer(self, text: str) -> None:
         """A whole answer, drawn as Markdown on a terminal."""
@@ -6861,6 +6891,20 @@ class Display(Reporter):
             return super().answer(text)
         self.put(Markdown().feed(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout), end=True),
                  self.streams.stdout)
+
+    def draw_todos(self, todos: list[dict]) -> None:
+        """The to-do list, drawn over its last drawing when nothing was drawn below it since and it is all on the
+        screen (rows counted, wrapped lines too); else below."""
+        columns, lines = 80, 24
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            columns, lines = os.get_terminal_size(self.streams.stderr.fileno())
+        self.width, lines = columns or 80, lines or 24  # a pty nobody sized says 0
+        drawn = [self.paint("● ", "green") + self.paint("To-do list", "bold")] + [
+            self.paint(line, *{"[x]": ["grey"], "[>]": ["bold"]}.get(line[:3], [])) for line in todo_lines(
+                todos, max(1, min(TODO_SHOWN, lines - 4)))]
+        up = self.listed if self.fancy and self.listed < lines else 0
+        self.put(f"\033[{up}A\r\033[J" * bool(up) + "\n".join(drawn) + "\n")
+        self.listed = sum(rows_of(line, self.width) for line in drawn)
 
     def start_call(self, event: dict) -> None:
         """A tool call's line, as it starts; a file's content before a change, for its diff."""
@@ -6873,8 +6917,9 @@ class Display(Reporter):
         label = f"{event['name']}({visible(one_line(what, 80))})"
         before = file_before(self.cfg.cwd, args)[1:] if event["name"] in ("Write", "Edit") else (False, None)
         self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
-        self.put(self.paint("● ", "green") + self.paint(label, "bold") + "\n")
-        self.shown = event["id"]
+        if event["name"] != "TodoWrite":  # drawn as its list
+            self.put(self.paint("● ", "green") + self.paint(label, "bold") + "\n")
+            self.shown = event["id"]
         self.working(label)
 
     def end_call(self, event: dict) -> None:
@@ -6882,6 +6927,8 @@ class Display(Reporter):
         label, started, asked, (existed, old), args = self.calls.pop(event["id"])
         seconds = time.monotonic() - started - (self.asked - asked)
         name, path, self.last = event["name"], str(args.get("file_path")), f"{label}\n{event['content']}"
+        if name == "TodoWrite" and not event["is_error"]:  # its list says it
+            return self.working("thinking" if not self.calls else self.activity)
         rows = result_summary(name, args, event["content"])
         if name in ("Write", "Edit") and not event["is_error"]:
             rows, after = [f"{'changed' if existed else 'created'} {visible(path)}"], file_before(self.cfg.cwd, args)[2]

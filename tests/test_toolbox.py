@@ -4,9 +4,12 @@ end against the fake OpenRouter."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import struct
+import termios
 import threading
 import time
 import zlib
@@ -17,6 +20,7 @@ import pytest
 import requests
 
 from app import main as agent
+from tests.conftest import PROMPT
 from tests.fake_openrouter import call, reply, tool_results
 
 TOOLS = {tool.name: tool for tool in agent.TOOLS}
@@ -575,6 +579,54 @@ def test_a_session_draws_the_list_lists_agents_and_shells_and_attaches_pasted_im
     assert content[0] == {"type": "text", "text": "what is in shot.png"} and content[1]["type"] == "image_url"
     term.send("\x04")
     assert term.wait() == 0
+
+
+def todo_script(body: dict) -> dict:
+    """A plan: the list, the list again at once, a command, the list once more, the answer."""
+    lists = [[{"content": "Run the whole test suite slowly", "status": "in_progress",
+               "activeForm": "Running the whole test suite slowly"}, {"content": "Ship", "status": "pending",
+                                                                      "activeForm": "Shipping"}],
+             [{"content": "Run tests", "status": "completed", "activeForm": "Running tests"},
+              {"content": "Ship", "status": "in_progress", "activeForm": "Shipping it"}],
+             None, [{"content": "Run tests", "status": "completed", "activeForm": "Running tests"},
+                    {"content": "Ship", "status": "completed", "activeForm": "Shipping"}]]
+    step = sum(m["role"] == "tool" for m in body["messages"])
+    if step == 2:
+        return reply(tool_calls=[call("Bash", {"command": "echo between"})])
+    return reply(tool_calls=[call("TodoWrite", {"todos": lists[step]})]) if step < 4 else reply("done")
+
+
+@pytest.mark.parametrize("colour", [True, False])
+def test_the_to_do_list_is_redrawn_in_place_until_something_comes_below_it(serve, terminal, colour):
+    server = serve(todo_script)
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", **({} if colour else {
+        "NO_COLOR": "1"})}
+    term = terminal(server, "--yes", term="xterm", env=env)
+    fcntl.ioctl(term.master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 30, 0, 0))  # 30 columns: lines wrap
+    term.send("plan\r")
+    term.expect("done")
+    screen = term.transcript
+    drawings = [m.start() for m in re.finditer("To-do list", screen)]
+    assert len(drawings) == 3 and "● TodoWrite" not in screen  # the list is the call's line
+    assert screen.count("\x1b[4A\r\x1b[J") == colour and screen.count("\x1b[J") == colour  # over the first only
+    assert ("\x1b[J" in screen[drawings[0]: drawings[1]]) == colour
+    assert "Shipping it" in screen[drawings[1]:] and screen.index("between") < drawings[2]  # drawn below, not over
+    if colour:  # 4 rows: the head, a line that wraps at 30 columns, one more
+        assert re.search(r"\[>\] Running the whole test suite slowly.*\r\n.*\[ \] Ship", screen)
+    term.expect(r"(?:^|\n|\x1b\[K)> ")
+    term.send("\x04")
+    assert term.wait() == 0
+
+
+def test_the_drawn_list_is_bounded_made_visible_and_its_rows_counted():
+    todos = [{"content": f"item {n}", "status": "completed", "activeForm": "x"} for n in range(200)]
+    todos[150] = {"content": "evil\x1b[2J\nline", "status": "in_progress", "activeForm": "doing \x1b[2J" + "y" * 900}
+    lines = agent.todo_lines(todos, 5)
+    assert lines[0] == "… 149 completed" and lines[-1] == "… +46 more" and len(lines) == 7
+    assert lines[2].startswith("[>] doing \\x1b[2Jyyy") and len(lines[2]) == 500 and "\x1b" not in "".join(lines)
+    assert agent.todo_lines([], 5) == ["(no items)"]
+    assert [agent.rows_of(text, 10) for text in ("", "x" * 10, "x" * 11, "\033[1mbold\033[0m", "漢字" * 3)] == \
+        [1, 1, 2, 1, 2]
 
 
 def test_sub_agents_in_a_session_ask_one_question_at_a_time(serve, terminal, workspace):
