@@ -568,9 +568,9 @@ def test_rewind_says_which_files_it_could_not_put_back(tmp_path):
         {"prompt": 1, "path": str(tmp_path / "big"), "exists": True, "bytes": None},
         {"prompt": 1, "path": str(tmp_path / "made"), "exists": False, "bytes": None}]})()
     agent.Session.restore(session, 0)
-    assert said == [f"restored: {tmp_path}/made; not restored: {tmp_path}/big (too large to keep), "
-                    f"{tmp_path}/now-a-folder (Is a directory). Files changed by commands (Bash) are not tracked and were "
-                    "not restored."]
+    assert said == [(f"restored: {tmp_path}/made; not restored: {tmp_path}/big (too large to keep), {tmp_path}/"
+                     "now-a-folder (Is a directory). Files changed by commands (Bash) are not tracked and were not "
+                     "restored.")]
 
 
 def test_the_resume_picker_hides_this_session_puts_failed_runs_last_and_filters(serve, terminal, workspace, run):
