@@ -2914,12 +2914,13 @@ def forked_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> tuple[i
 
 
 def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> list[str]:
-    """The results of read-only calls run at once: searches in child processes, the rest in threads."""
+    """The results of read-only calls run at once: searches in child processes, to-do lists here in order (the last
+    one stays), the rest in threads."""
     results = [""] * len(calls)
     def run(i: int) -> None:
         results[i] = run_tool_call(calls[i], tools, ctx)
     threads = [threading.Thread(target=run, args=(i,), daemon=True)
-               for i, call in enumerate(calls) if call["function"]["name"] not in SEARCHES]
+               for i, call in enumerate(calls) if call["function"]["name"] not in (*SEARCHES, "TodoWrite")]
     children: dict[int, tuple[int, int]] = {}
     output: dict[int, bytes] = {}
     try:
@@ -2929,6 +2930,8 @@ def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> li
                 children[fd], output[fd] = (i, pid), b""
         for thread in threads:
             thread.start()
+        for i in [i for i, call in enumerate(calls) if call["function"]["name"] == "TodoWrite"]:
+            run(i)
         deadline = time.monotonic() + SEARCH_SECONDS + 10
         while children and (ready := select.select(list(children), [], [], max(0, deadline - time.monotonic()))[0]):
             for fd in ready:

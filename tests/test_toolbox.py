@@ -256,6 +256,16 @@ def test_todo_write_keeps_the_list_and_shows_it(ctx):
     assert todos == items
 
 
+def test_several_lists_in_one_reply_keep_the_last(ctx):
+    events: list = []
+    lists = [[{"content": f"step {n}", "status": "pending", "activeForm": "x"}] for n in range(6)]
+    message = {"role": "assistant", "content": None, "tool_calls": [call("TodoWrite", {"todos": todos}, id=str(n))
+                                                                    for n, todos in enumerate(lists)]}
+    conversation = agent.Conversation([{"role": "system", "content": "s"}])
+    agent.run_calls(message, TOOLS, ctx._replace(emit=events.append), conversation, lambda event: None, cut=False)
+    assert conversation.todos == lists[-1] and [e["todos"] for e in events] == lists
+
+
 def test_the_list_is_restated_after_compaction():
     conversation = agent.Conversation([{"role": "system", "content": "s"}, {"role": "user", "content": "task"}])
     conversation.todos[:] = [{"content": "Ship", "status": "pending", "activeForm": "Shipping"}]
