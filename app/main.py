@@ -153,6 +153,7 @@ SHELLS_AT_ONCE = 8  # background shells running at one time
 AGENTS_AT_ONCE = 4  # sub-agents of one reply running at one time
 WEB_TIMEOUTS, WEB_SECONDS = (10.0, 30.0), 60.0  # WebFetch: connect, longest silence; a whole page
 WEB_BYTES, WEB_TEXT_LIMIT = 5 << 20, 100_000  # bytes of a page read; characters of its text the model reads
+WEB_CACHE_SECONDS, WEB_CACHE_PAGES = 900, 16  # WebFetch reuses a page this long (Claude Code's 15 minutes); pages kept
 
 
 class Layer(NamedTuple):
@@ -1207,9 +1208,11 @@ class ToolContext(NamedTuple):
     emit: Callable[[dict], None] | None = None  # shows an event to the user (the to-do list)
     todos: list | None = None  # the conversation's to-do list, replaced in place by TodoWrite
     shells: Shells | None = None  # the run's background shells
-    delegate: Callable[[str, str, str], str] | None = None  # runs a sub-agent (type, description, prompt); None in one
+    delegate: Callable[..., str] | None = None  # runs a sub-agent (type, description, prompt, call id); None in one
     side: Callable[..., dict] | None = None  # a request beside the conversation (messages, body fields): its reply
     blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
+    pages: dict | None = None  # the run's fetched pages: URL -> (monotonic time, final URL, text); None: none kept
+    call_id: str = ""  # the id of the call being run (a sub-agent's messages name their Agent call)
 
 
 class Tool(NamedTuple):
@@ -2457,14 +2460,29 @@ WEB_READER = ("You read a web page for a coding agent and answer its request fro
               "quoting code, commands and numbers verbatim. Say so when the page does not answer it.")
 
 
+def kept_page(ctx: ToolContext, url: str) -> tuple[str, str, str]:
+    """A page's URL and text as fetch_page gives them, reused from the run's copy when fetched in the last 15
+    minutes (then a note says how old it is); the run keeps the last few."""
+    at, final, text = (ctx.pages or {}).get(url) or (-math.inf, "", "")
+    if (age := time.monotonic() - at) < WEB_CACHE_SECONDS:
+        return final, text, f"\n[the page as fetched {age:.0f} s ago: WebFetch reuses a page for 15 minutes]"
+    final, text = fetch_page(url)
+    if ctx.pages is not None:
+        ctx.pages.pop(url, None)  # the newest last: the oldest go first
+        ctx.pages[url] = (time.monotonic(), final, clip(text, WEB_TEXT_LIMIT))
+        for old in list(ctx.pages)[:-WEB_CACHE_PAGES]:
+            ctx.pages.pop(old, None)
+    return final, text, ""
+
+
 def tool_web_fetch(ctx: ToolContext, url: str, prompt: str) -> str:
-    """Fetch a page and have the model answer the prompt about it."""
-    url, text = fetch_page(web_url(ctx, url))
+    """Fetch a page (or reuse the run's recent copy) and have the model answer the prompt about it."""
+    url, text, note = kept_page(ctx, web_url(ctx, url))
     if not url or ctx.side is None:
-        return text if not url else clip(text)
+        return (text if not url else clip(text)) + note
     reply = ctx.side([{"role": "system", "content": WEB_READER}, {
         "role": "user", "content": f'<page url="{url}">\n{clip(text, WEB_TEXT_LIMIT)}\n</page>\n\n{prompt}'}])
-    return content_text(reply).strip() or "(the model said nothing about the page)"
+    return (content_text(reply).strip() or "(the model said nothing about the page)") + note
 
 
 def in_domains(url: str, domains: Iterable[str]) -> bool:
@@ -2533,7 +2551,7 @@ def tool_agent(ctx: ToolContext, description: str, prompt: str, subagent_type: s
     """Run a prompt in a sub-agent with a fresh conversation; return its final answer."""
     if ctx.delegate is None:
         raise ToolError("a sub-agent cannot start another sub-agent")
-    return ctx.delegate(subagent_type, description, prompt)
+    return ctx.delegate(subagent_type, description, prompt, ctx.call_id)
 
 
 TODO_STATES = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
@@ -2832,7 +2850,7 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
         kwargs = check_arguments(tool, args)
         if tool.asks and ctx.confirm and (why := ctx.confirm(tool.name, kwargs)):  # shown as they will run
             return denial(why)
-        result = tool.run(ctx, **kwargs)
+        result = tool.run(ctx._replace(call_id=str(call.get("id") or "")), **kwargs)
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
     return attached(clip(result, tool.limit), result.parts) if isinstance(result, Attached) else clip(str(result),
@@ -2896,12 +2914,13 @@ def forked_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> tuple[i
 
 
 def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> list[str]:
-    """The results of read-only calls run at once: searches in child processes, the rest in threads."""
+    """The results of read-only calls run at once: searches in child processes, to-do lists here in order (the last
+    one stays), the rest in threads."""
     results = [""] * len(calls)
     def run(i: int) -> None:
         results[i] = run_tool_call(calls[i], tools, ctx)
     threads = [threading.Thread(target=run, args=(i,), daemon=True)
-               for i, call in enumerate(calls) if call["function"]["name"] not in SEARCHES]
+               for i, call in enumerate(calls) if call["function"]["name"] not in (*SEARCHES, "TodoWrite")]
     children: dict[int, tuple[int, int]] = {}
     output: dict[int, bytes] = {}
     try:
@@ -2911,6 +2930,8 @@ def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> li
                 children[fd], output[fd] = (i, pid), b""
         for thread in threads:
             thread.start()
+        for i in [i for i, call in enumerate(calls) if call["function"]["name"] == "TodoWrite"]:
+            run(i)
         deadline = time.monotonic() + SEARCH_SECONDS + 10
         while children and (ready := select.select(list(children), [], [], max(0, deadline - time.monotonic()))[0]):
             for fd in ready:
@@ -5478,7 +5499,7 @@ class Agent:
         tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
-                               delegate=self.delegate, side=self.side, blind=self.blind)
+                               delegate=self.delegate, side=self.side, blind=self.blind, pages={})
         self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner,  # confined too
                                  relay)  # SDK mode: in-process servers of the SDK
         for server in self.servers:
@@ -5589,9 +5610,10 @@ class Agent:
             return f"Error: the skill's sub-agent stopped ({outcome.subtype})"
         return outcome.answer
 
-    def delegate(self, kind: str, description: str, prompt: str) -> str:
+    def delegate(self, kind: str, description: str, prompt: str, parent: str = "") -> str:
         """Run a prompt in a sub-agent of a type, in its own conversation (a side chain of the transcript) and
-        thread, its usage counted in the run's; its final answer. In plan mode it has only read-only tools."""
+        thread, its usage counted in the run's, its events tagged with its Agent call's id (`parent`); its final
+        answer. In plan mode it has only read-only tools."""
         spec = self.agent_types.get(kind)
         if spec is None:
             raise ToolError(f"no agent type {kind}; types: {', '.join(self.agent_types)}")
@@ -5607,7 +5629,8 @@ class Agent:
         def emit(event: dict) -> None:
             if self.turns != turn:
                 raise ToolError("the prompt that started this sub-agent was cancelled")
-            self.emit({**event, "agent": description or kind})
+            self.emit({**event, "agent": description or kind, "parent": parent})
+        emit({"type": "prompt", "text": prompt})
         outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
                             ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
                             compactor=self.compactor, hooks=self.hooks, stop_event="SubagentStop")
@@ -6237,9 +6260,9 @@ class ClaudeOutput:
         self.events: list[dict] | None = [] if array else None
         self.stream, self.partial = AnthropicStream(), []  # the reply under way: its stream, its text so far
 
-    def common(self) -> dict:
-        """The fields every line but the result carries."""
-        return {"parent_tool_use_id": None, "session_id": self.cfg.session_id, "uuid": new_uuid()}
+    def common(self, parent: str | None = None) -> dict:
+        """The fields every line but the result carries: a sub-agent's lines name the Agent call that started it."""
+        return {"parent_tool_use_id": parent, "session_id": self.cfg.session_id, "uuid": new_uuid()}
 
     def write(self, obj: dict) -> None:
         """One object: a line on stdout now, or an item of the array."""
@@ -6285,22 +6308,27 @@ class ClaudeOutput:
                     **self.common()})
 
     def take(self, event: dict) -> None:
-        """One agent event as Claude Code's lines (events Claude Code has no line for write none)."""
-        kind = event["type"]
+        """One agent event as Claude Code's lines (events Claude Code has no line for write none); a sub-agent's
+        replies are not streamed, so they leave the stream of the reply under way alone."""
+        kind, parent = event["type"], event.get("parent") or None
         if kind == "assistant":
-            message_id = self.end_reply(event["finish_reason"], event["usage"])
+            message_id = f"msg_{os.urandom(12).hex()}" if parent else self.end_reply(event["finish_reason"],
+                                                                                       event["usage"])
             for block in claude_blocks(event["message"]) or [{"type": "text", "text": ""}]:
                 self.write({"type": "assistant", "message": {
                     "id": message_id, "type": "message", "role": "assistant", "model": event["model"],
                     "content": [block], "stop_reason": None, "stop_sequence": None,
-                    "usage": claude_usage(event["usage"])}, **self.common()})
+                    "usage": claude_usage(event["usage"])}, **self.common(parent)})
+        elif kind == "prompt":  # a sub-agent's task
+            text = [{"type": "text", "text": event["text"]}]
+            self.write({"type": "user", "message": {"role": "user", "content": text}, **self.common(parent)})
         elif kind == "tool_result":
             content = event["content"]
             content = [{"type": "text", "text": content}] if event["name"].startswith("mcp__") and \
                 not event["is_error"] else content
             result = {"type": "tool_result", "tool_use_id": event["id"], "content": content,
                       "is_error": event["is_error"]}
-            self.write({"type": "user", "message": {"role": "user", "content": [result]}, **self.common(),
+            self.write({"type": "user", "message": {"role": "user", "content": [result]}, **self.common(parent),
                         "tool_use_result": content})
         elif kind == "api_retry":
             self.write({"type": "system", "subtype": "api_retry", **{k: event[k] for k in (
@@ -6363,6 +6391,8 @@ class Reporter:
             self.trace.write(redact(json.dumps({"time": round(time.time(), 3), **event}, ensure_ascii=False),
                                     self.cfg.api_key) + "\n")
             self.trace.flush()
+        if self.claude and event.get("parent") and kind in ("prompt", "assistant", "tool_result"):
+            self.claude.take(event)  # a sub-agent's messages, under its Agent call's id
         if event.get("agent") and kind not in ("notice", "reply", "request", "tool_result"):
             return  # of a sub-agent's events, only its notices, timings and tool lines show
         if kind == "delta":
@@ -6385,8 +6415,6 @@ class Reporter:
             self.end_line()
         elif kind == "notice":
             self.say(event["text"])
-        elif kind == "todos" and self.interactive:
-            self.say("to-do list:\n" + checklist(event["todos"]))
         elif kind == "hook_response" and self.cfg.verbose:
             self.say(f"hook {event['hook_name']} ({one_line(event['command'], 60)}) -> exit {event['exit_code']}"
                      f"{', ' + event['decision'] if event['decision'] else ''}, {event['seconds']:.2f} s")
@@ -6583,6 +6611,7 @@ SGR = {"bold": "1", "italic": "3", "under": "4", "red": "31", "green": "32", "ma
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 CHECKPOINT_BYTES = 1 << 20  # a file larger than this is not kept by a checkpoint
 RESULT_LINES = 8  # lines of a tool's output shown under its line: the first and the last
+TODO_SHOWN = 20  # items of the to-do list drawn at most, from the one before the first unfinished
 KEYWORDS = {  # highlighted in fenced code blocks; C, Java, Go, Rust and their kin share a list
     "python": "and as assert async await break class continue def del elif else except False finally for from global "
               "if import in is lambda None not or pass raise return self True try while with yield",
@@ -6659,6 +6688,26 @@ def show_paged(text: str, pager: str, fd: int) -> str:
                 os.tcsetpgrp(fd, os.getpgrp())
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     return f"the pager {pager!r} ended with exit code {child.returncode}" if child.returncode > 0 else ""
+
+
+def rows_of(line: str, width: int) -> int:
+    """The terminal rows a drawn line takes at a width: it wraps, wide characters take two columns, a wide one that
+    does not fit on a row goes to the next."""
+    import unicodedata  # only when the to-do list is drawn
+    rows, column = 1, 0
+    for ch in re.sub(r"\033\[[0-9;]*m", "", line):
+        size = 2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+        rows, column = (rows + 1, size) if column + size > width else (rows, column + size)
+    return rows
+
+
+def todo_lines(todos: list[dict], limit: int) -> list[str]:
+    """The to-do list as lines for the screen, at most `limit` items: from the one before the first unfinished."""
+    first = next((i for i, todo in enumerate(todos) if todo["status"] != "completed"), len(todos))
+    start = max(0, min(first - 1, len(todos) - limit))
+    rest = len(todos) - start - limit
+    return [f"… {start} completed"] * bool(start) + [one_line(visible(line), 500) for line in (checklist(
+        todos[start: start + limit]) or "(no items)").split("\n")] + [f"… +{rest} more"] * (rest > 0)
 
 
 @functools.cache
@@ -6751,8 +6800,9 @@ def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> st
 
 
 def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
-    """The file a Write or Edit names, whether it exists, and its bytes (None when unreadable or too large)."""
-    path = Path(cwd, os.path.expanduser(str(args.get("file_path", ""))))
+    """The file a Write, Edit or NotebookEdit names, whether it exists, and its bytes (None when unreadable or too
+    large)."""
+    path = Path(cwd, os.path.expanduser(str(args.get("file_path", args.get("notebook_path", "")))))
     with contextlib.suppress(OSError):
         if path.is_file() and path.stat().st_size <= CHECKPOINT_BYTES:
             return path, True, path.read_bytes()
@@ -6788,6 +6838,7 @@ class Display(Reporter):
         self.tokens = self.chars = 0  # completion tokens of this session's replies; characters of the one coming
         self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
         self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
+        self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
 
     def paint(self, text: str, *styles: str) -> str:
         """Text in styles, on a terminal that shows them."""
@@ -6814,7 +6865,8 @@ class Display(Reporter):
         """The status line says what happens instead."""
 
     def clear(self) -> None:
-        """Take the status line off the screen."""
+        """Take the status line off the screen, for something drawn in its place (below the to-do list)."""
+        self.listed = 0
         if self.status:
             self.streams.stderr.write("\r\033[K")
             self.status = False
@@ -6874,18 +6926,27 @@ class Display(Reporter):
                 self.start_call(event) if event["type"] == "tool_call" else self.end_call(event, now)
             elif event["type"] == "request":
                 self.working("thinking")
+            elif event["type"] == "todos":
+                self.draw_todos(event["todos"])
             super().__call__(event)
 
     def delta(self, delta: dict) -> None:
         """A piece of the answer: drawn as Markdown line by line on a terminal, as it comes elsewhere."""
         text = delta.get("content")
-        self.chars += len(text) if isinstance(text, str) else 0
+        if not isinstance(text, str) or not text:  # a tool call's or reasoning's piece: nothing is drawn
+            return super().delta(delta)
+        self.chars += len(text)
         with self.lock:
-            if not self.markdown or not isinstance(text, str):
-                self.clear()
+            if not self.markdown:
                 return super().delta(delta)
             self.streamed = True
             self.put(self.markdown.feed(for_terminal(text, self.streams.stdout)), self.streams.stdout)
+
+    def show(self, text: str) -> None:
+        """The model's text as it comes, in the status line's place."""
+        with self.lock:
+            self.clear()
+            super().show(text)
 
     def answer(self, text: str) -> None:
         """A whole answer, drawn as Markdown on a terminal."""
@@ -6893,6 +6954,20 @@ class Display(Reporter):
             return super().answer(text)
         self.put(Markdown().feed(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout), end=True),
                  self.streams.stdout)
+
+    def draw_todos(self, todos: list[dict]) -> None:
+        """The to-do list, drawn over its last drawing when nothing was drawn below it since and it is all on the
+        screen (rows counted, wrapped lines too); else below."""
+        columns, lines = 80, 24
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            columns, lines = os.get_terminal_size(self.streams.stderr.fileno())
+        self.width, lines = columns or 80, lines or 24  # a pty nobody sized says 0
+        drawn = [self.paint("● ", "green") + self.paint("To-do list", "bold")] + [
+            self.paint(line, *{"[x]": ["grey"], "[>]": ["bold"]}.get(line[:3], [])) for line in todo_lines(
+                todos, max(1, min(TODO_SHOWN, lines - 4)))]
+        up = self.listed if self.fancy and self.listed < lines else 0
+        self.put(f"\033[{up}A\r\033[J" * bool(up) + "\n".join(drawn) + "\n")
+        self.listed = sum(rows_of(line, self.width) for line in drawn)
 
     def start_call(self, event: dict) -> None:
         """A tool call's line, as it starts; a file's content before a change, for its diff."""
@@ -6905,8 +6980,9 @@ class Display(Reporter):
         label = f"{event['name']}({visible(one_line(what, 80))})"
         before = file_before(self.cfg.cwd, args)[1:] if event["name"] in ("Write", "Edit") else (False, None)
         self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
-        self.put(self.paint("● ", "green") + self.paint(label, "bold") + "\n")
-        self.shown = event["id"]
+        if event["name"] != "TodoWrite":  # drawn as its list
+            self.put(self.paint("● ", "green") + self.paint(label, "bold") + "\n")
+            self.shown = event["id"]
         self.working(label)
 
     def end_call(self, event: dict, ended: float) -> None:
@@ -6914,6 +6990,8 @@ class Display(Reporter):
         label, started, asked, (existed, old), args = self.calls.pop(event["id"])
         seconds = ended - started - (self.asked - asked)
         name, path, self.last = event["name"], str(args.get("file_path")), f"{label}\n{event['content']}"
+        if name == "TodoWrite" and not event["is_error"]:  # its list says it
+            return self.working("thinking" if not self.calls else self.activity)
         rows = result_summary(name, args, event["content"])
         if name in ("Write", "Edit") and not event["is_error"]:
             rows, after = [f"{'changed' if existed else 'created'} {visible(path)}"], file_before(self.cfg.cwd, args)[2]
@@ -7086,15 +7164,16 @@ class Session:
         self.streams, self.resume, self.env = streams, (resume, fork), env
         self.reporter = self.display = Display(cfg, streams, env)
         self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display, self.expand)
-        self.checkpoints: list[dict] = []  # the files Write and Edit changed, as they were before each prompt
+        self.checkpoints: list[dict] = []  # the files Write, Edit and NotebookEdit changed, as before each prompt
         self.pending: list[str] = []  # `!command` outputs that go with the next prompt
         self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
         self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
         self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
 
     def event(self, event: dict) -> None:
-        """An event of the agent's, shown; before a Write or Edit, the file as it was is kept (a checkpoint)."""
-        if event["type"] == "tool_call" and event["name"] in ("Write", "Edit"):
+        """An event of the agent's, shown; before a Write, Edit or NotebookEdit, the file as it was is kept (a
+        checkpoint)."""
+        if event["type"] == "tool_call" and event["name"] in ("Write", "Edit", "NotebookEdit"):
             with contextlib.suppress(ValueError):
                 self.checkpoint(parse_arguments(event["arguments"]))
         self.display(event)
@@ -7102,7 +7181,7 @@ class Session:
     def checkpoint(self, args: dict) -> None:
         """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
         path, exists, data = file_before(self.agent.cfg.cwd, args)
-        path = os.path.realpath(path)  # where Write and Edit write: through a symlink, its target
+        path = os.path.realpath(path)  # where Write, Edit and NotebookEdit write: through a symlink, its target
         if not any(c["prompt"] == self.mark and c["path"] == path for c in self.checkpoints):
             self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": path,
                                      "exists": exists, "bytes": data and data.decode("latin-1")})
@@ -7513,7 +7592,8 @@ class Session:
         return f"\033[H\033[J{head}" + "".join(f"\n{row}" for row in body) + f"\033[1;{len(head) + 1}H"
 
     def rewind(self) -> None:
-        """Go back to before an earlier prompt: the conversation, the files Write and Edit changed, or both."""
+        """Go back to before an earlier prompt: the conversation, the files Write, Edit and NotebookEdit changed, or
+        both."""
         prompts = [(i, m) for i, m in enumerate(self.messages) if m.get("role") == "user"][-9:]
         changed = [len({c["path"] for c in self.checkpoints if c["prompt"] >= i}) for i, _ in prompts]
         index, message = prompts[self.pick([visible(one_line(content_text(m), 70)) + (
@@ -7530,20 +7610,25 @@ class Session:
             self.reporter.say("the conversation is back to before that prompt, which is yours to edit and send")
 
     def restore(self, index: int) -> None:
-        """Put back the files Write and Edit changed since prompt `index`, as they were before it."""
+        """Put back the files Write, Edit and NotebookEdit changed since prompt `index`, as they were before it (a
+        symlink put in a file's place is replaced, never followed)."""
         kept: dict[str, dict] = {}
         for checkpoint in self.checkpoints:
             kept.setdefault(checkpoint["path"], checkpoint) if checkpoint["prompt"] >= index else None
-        big = [path for path, c in kept.items() if c["exists"] and c["bytes"] is None]
+        missed = {path: "too large to keep" for path, c in kept.items() if c["exists"] and c["bytes"] is None}
         for path, c in kept.items():
-            with contextlib.suppress(OSError):
-                if not c["exists"]:
+            try:
+                if not c["exists"] and os.path.lexists(path):
                     os.unlink(path)
                 elif c["bytes"] is not None:
-                    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None
+                    st = os.lstat(path) if os.path.lexists(path) else None
+                    mode = stat.S_IMODE(st.st_mode) if st and stat.S_ISREG(st.st_mode) else None
                     replace_file(Path(path), c["bytes"].encode("latin-1"), mode)
-        self.reporter.say(f"restored: {', '.join(p for p in kept if p not in big) or 'no file'}" +
-                          (f"; too large to keep: {', '.join(big)}" if big else "") +
+            except OSError as error:
+                missed[path] = error.strerror or str(error)
+        not_done = ", ".join(f"{path} ({why})" for path, why in missed.items())
+        self.reporter.say(f"restored: {', '.join(p for p in kept if p not in missed) or 'no file'}" +
+                          (f"; not restored: {not_done}" if missed else "") +
                           ". Files changed by commands (Bash) are not tracked and were not restored.")
 
     def resume_picked(self) -> None:

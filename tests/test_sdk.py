@@ -245,6 +245,55 @@ def test_json_verbose_is_the_array_of_every_event(serve, run, workspace):
     assert events[-1]["result"] == "the answer"
 
 
+def sub_agents(body: dict) -> dict | Raw:
+    """Four sub-agents at once, each looks around once and answers; the last one's second request fails."""
+    task, last = body["messages"][1]["content"], body["messages"][-1]
+    if task == "main":
+        if last["role"] == "user":
+            return reply(tool_calls=[call("Agent", {"description": f"d{n}", "prompt": f"sub {n}"}, id=f"agent{n}")
+                                     for n in range(4)])
+        return reply("all done")
+    if last["role"] == "user":
+        time.sleep(0.05)  # the four are under way together
+        return reply(f"looking {task}", tool_calls=[call("Glob", {"pattern": "*"}, id=f"glob-{task[-1]}")])
+    if task == "sub 3":
+        return Raw(400, {"error": {"code": 400, "message": "the provider refused"}})
+    return reply(f"{task} answer")
+
+
+def test_stream_json_streams_each_sub_agents_messages_under_its_agent_call(serve, run, workspace):
+    server = serve(sub_agents)
+    result = run(["-p", "main", "--output-format", "stream-json", "--verbose", "--include-partial-messages"],
+                 cwd=workspace, base_url=server.url)
+    events = [json.loads(line) for line in result.stdout.splitlines()]  # each line one whole object
+    assert events[-1]["result"] == "all done" and events[-1]["usage"]["requests"] == 9
+    top = [e for e in events if e["type"] in ("assistant", "user", "stream_event") and e["parent_tool_use_id"] is None]
+    kinds = [e["event"]["type"] for e in top if e["type"] == "stream_event"]
+    assert kinds.count("message_start") == kinds.count("message_stop") == 2  # the main stream, undisturbed
+    answers = {b["tool_use_id"]: b for e in top if e["type"] == "user" for b in e["message"]["content"]}
+    assert [answers[f"agent{n}"]["content"] for n in range(3)] == [f"sub {n} answer" for n in range(3)]
+    assert answers["agent3"]["is_error"] and "the provider refused" in answers["agent3"]["content"]
+    for n in range(4):
+        mine = [e for e in events if e.get("parent_tool_use_id") == f"agent{n}"]
+        blocks = [(e["type"], b.get("text") or b.get("name") or b.get("content")) for e in mine
+                  for b in e["message"]["content"]]
+        assert blocks == [("user", f"sub {n}"), ("assistant", f"looking sub {n}"), ("assistant", "Glob"),
+                          ("user", blocks[3][1])] + [("assistant", f"sub {n} answer")] * (n < 3)
+        assert mine[3]["message"]["content"][0]["tool_use_id"] == f"glob-{n}"
+        ids = [e["message"]["id"] for e in mine if e["type"] == "assistant"]  # one per reply, shared by its blocks
+        assert ids[0] == ids[1] and len(set(ids)) == 1 + (n < 3)
+        assert all(e["session_id"] == events[0]["session_id"] for e in mine)
+    last_use = max(i for i, e in enumerate(events) if e.get("parent_tool_use_id"))
+    assert all(e["type"] != "result" for e in events[:last_use])  # a sub-agent's lines come before the result
+
+
+def test_the_sdk_sees_which_agent_call_each_sub_agent_message_belongs_to(serve, workspace):
+    server = serve(sub_agents)
+    messages = collect("main", options(server, workspace))
+    parents = {m.parent_tool_use_id for m in messages if type(m).__name__ in ("AssistantMessage", "UserMessage")}
+    assert parents == {None, "agent0", "agent1", "agent2", "agent3"} and messages[-1].result == "all done"
+
+
 @pytest.mark.parametrize("flags, subtype, errors, reason", [
     (["--max-turns", "2"], "error_max_turns", ["Reached maximum number of turns (2)"], "max_turns"),
     (["--max-budget-usd", "0.001"], "error_max_budget_usd", ["Reached maximum budget ($0.001)"], "budget_exhausted"),

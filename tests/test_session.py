@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from app import main as agent
 from tests.conftest import PROMPT
 from tests.fake_openrouter import Stream, call, last_result, reply, tool_then
 
@@ -509,6 +511,66 @@ def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, ter
     assert (workspace / "a.txt").read_text() == "original\n" and not (workspace / "b.txt").exists()
     term.send("\r")  # the prompt rewound to is back in the line
     term.expect("did one with 5 messages")
+
+
+def test_rewind_restores_notebooks_byte_for_byte_after_a_resume_even_deleted_or_symlinked(serve, terminal, workspace):
+    cell = {"cell_type": "code", "execution_count": 1, "id": "c1", "metadata": {}, "outputs": [], "source": ["x = 1"]}
+    original = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1) + "\n"
+    for name in ("nb.ipynb", "gone.ipynb"):
+        (workspace / name).write_text(original)
+    outside = workspace.parent / "outside.txt"
+    outside.write_text("precious\n")
+
+    def model(body):
+        prompt = user_turns(body)[-1]
+        edit = {"cell_id": "c1", "new_source": f"x = '{prompt}'"}
+        calls = {"one": [call("NotebookEdit", {"notebook_path": "nb.ipynb", **edit}),
+                         call("NotebookEdit", {"notebook_path": "gone.ipynb", **edit}),
+                         call("Write", {"file_path": "new.ipynb", "content": original}),
+                         call("NotebookEdit", {"notebook_path": "new.ipynb", **edit})],
+                 "two": [call("NotebookEdit", {"notebook_path": "nb.ipynb", **edit})]}
+        if body["messages"][-1]["role"] == "user" and prompt in calls:
+            return reply(tool_calls=calls[prompt])
+        return reply(f"did {prompt}")
+
+    server = serve(model)
+    term = terminal(server, "--yes")
+    term.ask("one", "did one")
+    term.ask("two", "did two")
+    assert "x = 'two'" in (workspace / "nb.ipynb").read_text() and "x = 'one'" in (workspace / "new.ipynb").read_text()
+    term.send("\x04")
+    assert term.wait() == 0
+    (workspace / "nb.ipynb").unlink()
+    (workspace / "nb.ipynb").symlink_to(outside)  # replaced by a symlink: restoring must not write through it
+    (workspace / "gone.ipynb").unlink()
+    term = terminal(server, "--yes", "-c", first="resumed [0-9a-f-]+: ")
+    term.expect(PROMPT)
+    term.send("/rewind\r")
+    term.expect(r"1\. one  \[3 files changed since\]")
+    term.expect(r"Go back to before which prompt \(1-2\)\? ")
+    term.send("1\r")
+    term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
+    term.send("f\r")
+    term.expect("Files changed by commands")
+    term.expect(PROMPT)
+    for name in ("nb.ipynb", "gone.ipynb"):
+        assert not (workspace / name).is_symlink() and (workspace / name).read_bytes() == original.encode()
+    assert not (workspace / "new.ipynb").exists() and outside.read_text() == "precious\n"
+    term.send("\x04")
+    assert term.wait() == 0
+
+
+def test_rewind_says_which_files_it_could_not_put_back(tmp_path):
+    said: list[str] = []
+    (tmp_path / "now-a-folder").mkdir()
+    session = type("S", (), {"reporter": type("R", (), {"say": staticmethod(said.append)})(), "checkpoints": [
+        {"prompt": 1, "path": str(tmp_path / "now-a-folder"), "exists": True, "bytes": "old"},
+        {"prompt": 1, "path": str(tmp_path / "big"), "exists": True, "bytes": None},
+        {"prompt": 1, "path": str(tmp_path / "made"), "exists": False, "bytes": None}]})()
+    agent.Session.restore(session, 0)
+    assert said == [(f"restored: {tmp_path}/made; not restored: {tmp_path}/big (too large to keep), {tmp_path}/"
+                     "now-a-folder (Is a directory). Files changed by commands (Bash) are not tracked and were not "
+                     "restored.")]
 
 
 def test_the_resume_picker_hides_this_session_puts_failed_runs_last_and_filters(serve, terminal, workspace, run):

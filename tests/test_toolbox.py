@@ -4,9 +4,12 @@ end against the fake OpenRouter."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import struct
+import termios
 import threading
 import time
 import zlib
@@ -14,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 
 from app import main as agent
 from tests.fake_openrouter import call, reply, tool_results
@@ -252,6 +256,16 @@ def test_todo_write_keeps_the_list_and_shows_it(ctx):
     assert todos == items
 
 
+def test_several_lists_in_one_reply_keep_the_last(ctx):
+    events: list = []
+    lists = [[{"content": f"step {n}", "status": "pending", "activeForm": "x"}] for n in range(6)]
+    message = {"role": "assistant", "content": None, "tool_calls": [call("TodoWrite", {"todos": todos}, id=str(n))
+                                                                    for n, todos in enumerate(lists)]}
+    conversation = agent.Conversation([{"role": "system", "content": "s"}])
+    agent.run_calls(message, TOOLS, ctx._replace(emit=events.append), conversation, lambda event: None, cut=False)
+    assert conversation.todos == lists[-1] and [e["todos"] for e in events] == lists
+
+
 def test_the_list_is_restated_after_compaction():
     conversation = agent.Conversation([{"role": "system", "content": "s"}, {"role": "user", "content": "task"}])
     conversation.todos[:] = [{"content": "Ship", "status": "pending", "activeForm": "Shipping"}]
@@ -278,17 +292,23 @@ def test_html_becomes_markdown_like_text():
 @pytest.fixture
 def site():
     """A local web server: a page, redirects on and off its host, a page over 5 MB, binary data, a slow page."""
+    counted: list[str] = []
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:
             pass
 
         def do_GET(self) -> None:
             port = self.server.server_address[1]
+            if self.path.startswith("/count"):  # a page that changes: how many times it was asked for
+                counted.append(self.path)
+                self.path = "/plain-count"
             routes = {"/page": (200, "text/html; charset=utf-8", PAGE.encode()),
                       "/plain": (200, "text/plain", b"just text"),
                       "/big": (200, "text/plain", b"x" * (6 << 20)),
                       "/binary": (200, "application/octet-stream", bytes(range(256)) * 4),
-                      "/missing": (404, "text/html", b"no")}
+                      "/missing": (404, "text/html", b"no"),
+                      "/plain-count": (200, "text/plain", f"fetched {len(counted)} times".encode())}
             if self.path == "/here":
                 return self.redirect("/page")
             if self.path == "/away":
@@ -343,6 +363,28 @@ def test_web_fetch_reads_pages_and_asks_the_model(ctx, site, monkeypatch):
         asked[-1][0][1]["content"]
     monkeypatch.setattr(agent, "WEB_TIMEOUTS", (1.0, 0.3))
     assert run(ctx, "WebFetch", url=f"{site}/slow", prompt="p").startswith(f"Error: could not fetch {site}/slow:")
+
+
+def test_web_fetch_reuses_a_page_for_15_minutes_and_says_so(ctx, site):
+    pages: dict = {}
+    ctx = ctx._replace(side=lambda messages, **fields: {"content": messages[-1]["content"]}, pages=pages)
+    assert run(ctx, "WebFetch", url=f"{site}/count", prompt="p") == f'<page url="{site}/count">\nfetched 1 times\n' \
+                                                                     '</page>\n\np'
+    again = run(ctx, "WebFetch", url=f"{site}/count", prompt="other question")
+    assert again.startswith(f'<page url="{site}/count">\nfetched 1 times\n</page>\n\nother question\n[the page as '
+                            'fetched 0 s ago') and again.endswith(
+        " s ago: WebFetch reuses a page for 15 minutes]")  # the page changed meanwhile: the answer says it is a copy
+    assert requests.get(f"{site}/count", timeout=5).text == "fetched 2 times"  # one fetch so far, this is the second
+    at, final, text = pages[f"{site}/count"]
+    pages[f"{site}/count"] = (at - agent.WEB_CACHE_SECONDS, final, text)  # 15 minutes later
+    assert "fetched 3 times" in run(ctx, "WebFetch", url=f"{site}/count", prompt="p")
+    for n in range(agent.WEB_CACHE_PAGES):
+        run(ctx, "WebFetch", url=f"{site}/count?{n}", prompt="p")
+    assert len(pages) == agent.WEB_CACHE_PAGES and f"{site}/count" not in pages  # the oldest went first
+    anew = run(ctx._replace(pages=None), "WebFetch", url=f"{site}/count", prompt="p")  # no copies kept: fetched
+    assert anew.endswith("fetched 20 times\n</page>\n\np")
+    assert run(ctx, "WebFetch", url=f"{site}/away", prompt="p") == run(ctx, "WebFetch", url=f"{site}/away",
+                                                                          prompt="p").rpartition("\n")[0]
 
 
 @pytest.mark.parametrize("url, error", [
@@ -547,6 +589,54 @@ def test_a_session_draws_the_list_lists_agents_and_shells_and_attaches_pasted_im
     assert content[0] == {"type": "text", "text": "what is in shot.png"} and content[1]["type"] == "image_url"
     term.send("\x04")
     assert term.wait() == 0
+
+
+def todo_script(body: dict) -> dict:
+    """A plan: the list, the list again at once, a command, the list once more, the answer."""
+    lists = [[{"content": "Run the whole test suite slowly", "status": "in_progress",
+               "activeForm": "Running the whole test suite slowly"}, {"content": "Ship", "status": "pending",
+                                                                      "activeForm": "Shipping"}],
+             [{"content": "Run tests", "status": "completed", "activeForm": "Running tests"},
+              {"content": "Ship", "status": "in_progress", "activeForm": "Shipping it"}],
+             None, [{"content": "Run tests", "status": "completed", "activeForm": "Running tests"},
+                    {"content": "Ship", "status": "completed", "activeForm": "Shipping"}]]
+    step = sum(m["role"] == "tool" for m in body["messages"])
+    if step == 2:
+        return reply(tool_calls=[call("Bash", {"command": "echo between"})])
+    return reply(tool_calls=[call("TodoWrite", {"todos": lists[step]})]) if step < 4 else reply("done")
+
+
+@pytest.mark.parametrize("colour", [True, False])
+def test_the_to_do_list_is_redrawn_in_place_until_something_comes_below_it(serve, terminal, colour):
+    server = serve(todo_script)
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", **({} if colour else {
+        "NO_COLOR": "1"})}
+    term = terminal(server, "--yes", term="xterm", env=env)
+    fcntl.ioctl(term.master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 30, 0, 0))  # 30 columns: lines wrap
+    term.send("plan\r")
+    term.expect("done")
+    screen = term.transcript
+    drawings = [m.start() for m in re.finditer("To-do list", screen)]
+    assert len(drawings) == 3 and "● TodoWrite" not in screen  # the list is the call's line
+    assert screen.count("\x1b[4A\r\x1b[J") == colour and screen.count("\x1b[J") == colour  # over the first only
+    assert ("\x1b[J" in screen[drawings[0]: drawings[1]]) == colour
+    assert "Shipping it" in screen[drawings[1]:] and screen.index("between") < drawings[2]  # drawn below, not over
+    if colour:  # 4 rows: the head, a line that wraps at 30 columns, one more
+        assert re.search(r"\[>\] Running the whole test suite slowly.*\r\n.*\[ \] Ship", screen)
+    term.expect(r"(?:^|\n|\x1b\[K)> ")
+    term.send("\x04")
+    assert term.wait() == 0
+
+
+def test_the_drawn_list_is_bounded_made_visible_and_its_rows_counted():
+    todos = [{"content": f"item {n}", "status": "completed", "activeForm": "x"} for n in range(200)]
+    todos[150] = {"content": "evil\x1b[2J\nline", "status": "in_progress", "activeForm": "doing \x1b[2J" + "y" * 900}
+    lines = agent.todo_lines(todos, 5)
+    assert lines[0] == "… 149 completed" and lines[-1] == "… +46 more" and len(lines) == 7
+    assert lines[2].startswith("[>] doing \\x1b[2Jyyy") and len(lines[2]) == 500 and "\x1b" not in "".join(lines)
+    assert agent.todo_lines([], 5) == ["(no items)"]
+    assert [agent.rows_of(text, 10) for text in ("", "x" * 10, "x" * 11, "\033[1mbold\033[0m", "漢字" * 3)] == \
+        [1, 1, 2, 1, 2]
 
 
 def test_sub_agents_in_a_session_ask_one_question_at_a_time(serve, terminal, workspace):
