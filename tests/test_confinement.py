@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -316,12 +317,13 @@ def test_a_running_command_and_a_confined_background_job_die_with_a_killed_agent
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve, terminal, workspace):
-    marker = f"solo-typist-{os.getpid()}"
+@pytest.mark.parametrize("flags", [[], ["--sandbox", "workspace-write"]])
+def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve, terminal, workspace, flags):
+    marker = f"solo-typist-{os.getpid()}-{len(flags)}"
     steps = [[call("Bash", {"command": f"{lingering(marker)} > /dev/null 2>&1 &"}, id="a")],
              [call("Bash", {"command": "git status"}, id="b")]]
     server = serve(script(*steps))
-    session = terminal(server)
+    session = terminal(server, *flags)
     session.send("go\r")
     session.expect(r"Allow Bash\? \[y/n/a/s\] ")
     session.send("y\r")
@@ -333,6 +335,61 @@ def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve,
     session.send("/exit\r")
     assert session.wait() == 0
     assert wait_until_gone(marker) == []
+
+
+# --- The zygote: commands fork from one small confined process -----------------------------------------
+
+
+def test_commands_cannot_stop_the_zygote_they_start_from(confined):
+    """Every command of a sandbox is a child of one confined process, the init of their namespace: a command that
+    kills everything it can, or signals the init, ends nothing that later commands need."""
+    zygote = confined.sandbox.zygote
+    pid = zygote.pid
+    first = agent.tool_bash(confined, "echo $PPID; kill -9 -1; kill -KILL 1; kill -STOP 1; kill -INT 1; "
+                                      "kill -TERM 1; pkill -9 -f [z]ygote; echo sent")
+    assert first.startswith("1\n") and "sent\n" in first, first
+    assert agent.tool_bash(confined, "echo alive") == "alive\n[exit code 0]"
+    assert zygote.pid == pid and "State:\tT" not in Path(f"/proc/{pid}/status").read_text()  # nor stopped
+
+
+PIDFD_GETFD = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); pidfd = libc.syscall(434, 1, 0); "
+               "print(pidfd >= 0, libc.syscall(438, pidfd, 3, 0), ctypes.get_errno())")
+
+
+def test_a_command_cannot_read_the_zygote_or_take_its_socket(confined):
+    result = agent.tool_bash(confined, "cat /proc/1/environ /proc/1/mem; readlink /proc/1/fd/0; " + python(PIDFD_GETFD))
+    assert result.count("Permission denied") == 2 and "True -1 1" in result, result  # EPERM: it is not dumpable
+    assert "/dev/null" not in result
+
+
+def test_a_command_gets_no_descriptor_of_the_zygote(confined):
+    """Only 0, 1 and 2 pass to a command (ls's own listing is 3)."""
+    assert agent.tool_bash(confined, "ls /proc/self/fd") == "0\n1\n2\n3\n[exit code 0]"
+
+
+def test_a_killed_zygote_ends_its_commands_and_the_next_command_starts_a_new_one(confined):
+    zygote = confined.sandbox.zygote
+    first, running = zygote.pid, {}
+    thread = threading.Thread(target=lambda: running.update(result=agent.tool_bash(confined, "sleep 30")))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not [pid for pid, (ppid, _, command) in agent.process_table().items() if ppid == first and
+               command == "sleep 30"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(first, signal.SIGKILL)  # from outside: as a bug, or the kernel's OOM killer, would
+    thread.join(10)
+    assert running["result"].endswith("[exit code -9]"), running
+    zygote.proc.wait(10)
+    assert agent.tool_bash(confined, "echo again") == "again\n[exit code 0]" and zygote.pid != first
+
+
+def test_a_program_that_does_not_exist_is_an_error_as_with_popen(confined):
+    with pytest.raises(FileNotFoundError):
+        confined.sandbox.zygote.popen(["no-such-program-here"], cwd=confined.cwd, env=confined.env)
+    with pytest.raises(FileNotFoundError):
+        confined.sandbox.zygote.popen(["true"], cwd=confined.cwd / "missing", env=confined.env)
+    assert agent.tool_bash(confined, "echo fine") == "fine\n[exit code 0]"
 
 
 # --- 8. Secrets ---------------------------------------------------------------------------------------
