@@ -365,6 +365,20 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
+def signal_command(proc: Any, sig: int) -> bool:
+    """signal_group for a command's group; through its pidfd when the zygote started it (the zygote reaps it at once,
+    so its number may be another process's by now): only its own group (Linux 6.9; before, only while it runs)."""
+    if not hasattr(proc, "pidfd"):
+        return signal_group(proc.pid, sig)
+    try:
+        signal.pidfd_send_signal(proc.pidfd, sig, None, 4)  # PIDFD_SIGNAL_PROCESS_GROUP
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    except OSError:  # EINVAL: a kernel without the flag; a pidfd is readable once its process ended
+        return not select.select([proc.pidfd], [], [], 0)[0] and signal_group(proc.pid, sig)
+
+
 def drain(fd: int, sink: HeadTail, seconds: float) -> bool:
     """Copy what a pipe holds into sink for up to `seconds`; True once every writer has closed it."""
     deadline = time.monotonic() + seconds
@@ -546,12 +560,12 @@ SYSCALLS = {  # name: number on x86_64, on aarch64 (checked against the kernel h
     "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
     "mount_setattr": (442, 442), "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53),
     "fchmodat2": (452, 452), "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7),
-    "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
+    "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16), "prlimit64": (302, 261),
 }
 MODE_CALLS = {"chmod": 24, "fchmod": 24, "fchmodat": 32, "fchmodat2": 32}  # where their mode argument is
 XATTR_CALLS = ("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr")
 REFUSED_CALLS = tuple(name for name in SYSCALLS if name not in (
-    "socket", "ioctl", "clone", "clone3", "capset", *MODE_CALLS, *XATTR_CALLS))
+    "socket", "ioctl", "clone", "clone3", "capset", "prlimit64", *MODE_CALLS, *XATTR_CALLS))
 AUDIT_ARCHES = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # ioctls that type into or redraw a terminal
@@ -609,7 +623,8 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
     """The seccomp filter of confined commands: the system calls that reach other processes, the kernel's keys,
     mounts, namespaces and io_uring (which bypasses seccomp) refused; sockets only of the kinds allowed
     (socketpair always); no ioctl that types into a terminal; no set-user-ID or set-group-ID bit set and no extended
-    attribute changed (Landlock does not govern either). Another architecture's calls kill the process."""
+    attribute changed (Landlock does not govern either); no limit of another process set (prlimit). Another
+    architecture's calls kill the process."""
     nr = {name: numbers[machine == "aarch64"] for name, numbers in SYSCALLS.items()
           if numbers[machine == "aarch64"] is not None}
     modes = [(BPF_JEQ, nr[name], f"mode{offset}") for name, offset in MODE_CALLS.items() if name in nr]
@@ -620,7 +635,8 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
         *[(BPF_JEQ, nr[name], "deny") for name in REFUSED_CALLS],
         (BPF_JEQ, nr["clone3"], "nosys"),  # its flags cannot be read: ENOSYS makes the C library use clone
         (BPF_JEQ, nr["socket"], "socket"), (BPF_JEQ, nr["ioctl"], "ioctl"), (BPF_JEQ, nr["clone"], "clone"),
-        *modes, *[(BPF_JEQ, nr[name], "noxattr") for name in XATTR_CALLS], (BPF_RET, SECCOMP_ALLOW),
+        *modes, *[(BPF_JEQ, nr[name], "noxattr") for name in XATTR_CALLS], (BPF_JEQ, nr["prlimit64"], "prlimit"),
+        (BPF_RET, SECCOMP_ALLOW),
         "socket", (BPF_LD, 16), *([(BPF_JEQ, 1, "allow")] if unix else []), *inet, (BPF_RET, SECCOMP_EPERM),
         "inet", (BPF_LD, 24), (BPF_AND, 0xF), (BPF_JEQ, 1, "protocol"), (BPF_JEQ, 2, "protocol", "deny"),
         "protocol", (BPF_LD, 32), (BPF_JEQ, 0, "allow"), (BPF_JEQ, 6, "allow"), (BPF_JEQ, 17, "allow", "deny"),
@@ -629,6 +645,8 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
         "mode24", (BPF_LD, 24), (BPF_JSET, SET_ID_BITS, "deny", "allow"),
         "mode32", (BPF_LD, 32), (BPF_JSET, SET_ID_BITS, "deny", "allow"),
         "noxattr", (BPF_RET, SECCOMP_EOPNOTSUPP),
+        "prlimit", (BPF_LD, 16), (BPF_JEQ, 0, "allow"), (BPF_LD, 32), (BPF_JEQ, 0, None, "deny"),  # another process's
+        (BPF_LD, 36), (BPF_JEQ, 0, "allow", "deny"),  # limits may be read (no new ones), not set
         "allow", (BPF_RET, SECCOMP_ALLOW), "deny", (BPF_RET, SECCOMP_EPERM), "nosys", (BPF_RET, SECCOMP_ENOSYS),
         "kill", (BPF_RET, SECCOMP_KILL),
     ])
@@ -784,15 +802,17 @@ class Confinement:
         self.check(lib.prctl(22, 2, self.fprog, 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
 
 
-def zygote(fd: int) -> None:
+def zygote(fd: int, ruleset: int) -> None:
     """The zygote's program, run already confined by a fresh `python -I -S` (small, so its forks are cheap): fork
-    each command asked for on socket `fd`; the command says it started (the kernel adds its pid, as solo sees it),
-    the zygote whether it was run, then its wait status when it ends. Whatever else ends is reaped."""
+    each command asked for on socket `fd`, in a Landlock domain of its own (`ruleset` again, beneath the zygote's);
+    the command says it started (the kernel adds its pid, as solo sees it), the zygote whether it was run (with a
+    pidfd of it), then its wait status when it ends. Whatever else ends is reaped."""
     import contextlib, ctypes, json, os, select, signal, socket  # noqa: E401 (it runs alone: none of solo is there)
-    libc = ctypes.CDLL(None)
+    libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no command may read this process or take its socket
     asked, (wake, woken) = socket.socket(fileno=fd), os.pipe()
     os.set_inheritable(fd, False)
+    os.set_inheritable(ruleset, False)
     os.set_blocking(woken, False)
     signal.set_wakeup_fd(woken)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -823,7 +843,9 @@ def zygote(fd: int) -> None:
                 os.close(fd)
             continue
         if (pid := os.fork()) == 0:
-            try:
+            try:  # no command may signal, trace or read the zygote, its children before their exec, or each other
+                if libc.syscall(446, ruleset, 0):  # landlock_restrict_self
+                    raise OSError(ctypes.get_errno(), "landlock")
                 for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
                     signal.signal(signum, signal.SIG_DFL)
                 libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
@@ -838,12 +860,17 @@ def zygote(fd: int) -> None:
                 os.write(report, (error.errno or 0).to_bytes(4, "little"))
             finally:
                 os._exit(127)
+        pidfd = os.pidfd_open(pid)  # this process is its parent: the pid is the command's until the zygote reaps it
         for fd in (report, *fds[:3]):
             os.close(fd)
         code = os.read(failed, 4)
         os.close(failed)
         with contextlib.suppress(OSError):
-            channel.send(b"E" + code if code else b"X")
+            if code:
+                channel.send(b"E" + code)
+            else:
+                socket.send_fds(channel, [b"X"], [pidfd])
+        os.close(pidfd)
         channels[pid] = channel
 
 
@@ -856,11 +883,15 @@ def credited(sock: socket.socket, size: int = 8) -> tuple[bytes, int]:
 
 
 class Forked:
-    """A command the zygote started, as much of a Popen as solo uses: pid (as solo sees it), stdout, poll, wait."""
+    """A command the zygote started, as much of a Popen as solo uses: pid (as solo sees it), stdout, poll, wait; and a
+    pidfd, which names the command even after the zygote reaped it (see signal_command)."""
 
-    def __init__(self, args: list, channel: socket.socket, pid: int, stdout: Any):
-        self.args, self.channel, self.pid, self.stdout = args, channel, pid, stdout
+    def __init__(self, args: list, channel: socket.socket, pid: int, stdout: Any, pidfd: int):
+        self.args, self.channel, self.pid, self.stdout, self.pidfd = args, channel, pid, stdout, pidfd
         self.returncode, self.lock = None, threading.Lock()
+
+    def __del__(self) -> None:
+        os.close(self.pidfd)
 
     def poll(self) -> int | None:
         """The exit code, or None while it runs."""
@@ -892,25 +923,26 @@ class Zygote:
     the init of namespaces of its own where the kernel gives them, and starts again if it is gone: one fork of a
     small process per command, where Popen's would be three of solo's."""
 
-    def __init__(self, spawner: Spawner, prepare: Callable[[], None]):
-        self.spawner, self.prepare, self.lock = spawner, prepare, threading.Lock()
+    def __init__(self, spawner: Spawner, prepare: Callable[[], None], ruleset: int):
+        import inspect
+        self.spawner, self.prepare, self.ruleset, self.lock = spawner, prepare, ruleset, threading.Lock()
+        self.source = inspect.getsource(zygote)  # once: the file may change while solo runs (an upgrade, an edit)
         self.proc: subprocess.Popen | None = None
         self.asked, self.pid = None, 0  # the socket commands are asked for on; the zygote's pid
         self.started: list[Forked] = []
 
     def start(self) -> None:
         """Start the zygote and wait until it is ready; OSError or SubprocessError when it cannot be."""
-        import inspect
         if self.proc and self.proc.poll() is None:
             self.proc.kill()  # it stopped taking requests: its init (or itself) dies with it
         if self.asked:
             self.asked.close()
         self.asked, theirs = socket.socketpair()
         self.asked.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        program = f"{inspect.getsource(zygote)}\nzygote({theirs.fileno()})\n"
+        program = f"{self.source}\nzygote({theirs.fileno()}, {self.ruleset})\n"
         with theirs:
             self.proc = self.spawner.popen([sys.executable, "-I", "-S", "-c", program], self.prepare, cwd="/", env={},
-                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                           pass_fds=(theirs.fileno(), self.ruleset), stdin=subprocess.DEVNULL,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.asked.settimeout(ZYGOTE_WAIT)  # a zygote a command stopped must not hang solo
         ready, self.pid = credited(self.asked)
@@ -931,17 +963,22 @@ class Zygote:
         channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         channel.settimeout(ZYGOTE_WAIT)
         body = json.dumps({"args": list(map(str, args)), "cwd": str(cwd), "env": env, "session": start_new_session})
+        pidfds: list[int] = []
         try:
             with self.lock:
                 self.ask(body.encode(), [*ends, theirs.fileno()])
             said, pid = credited(channel)
-            said = channel.recv(8) if said == b"P" else said  # b"X": it runs; b"E" and errno: it could not
+            if said == b"P":  # then b"X" and its pidfd: it runs; b"E" and errno: it could not
+                channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)  # no room for credentials beside the fd
+                said, pidfds, _, _ = socket.recv_fds(channel, 8, 1)
             if said[:1] == b"E":
                 code = int.from_bytes(said[1:5], "little")
                 raise OSError(code, os.strerror(code), args[0])
-            if said != b"X" or pid <= 0:
+            if said != b"X" or pid <= 0 or not pidfds:
                 raise OSError("the sandbox's command starter ended; the next command starts a new one")
         except BaseException as error:
+            for pidfd in pidfds:
+                os.close(pidfd)
             channel.close()
             if kept:
                 kept.close()
@@ -955,7 +992,7 @@ class Zygote:
                 os.close(fd)
         channel.settimeout(None)
         self.started = [forked for forked in self.started if forked.returncode is None]
-        self.started.append(forked := Forked(args, channel, pid, kept))
+        self.started.append(forked := Forked(args, channel, pid, kept, pidfds[0]))
         return forked
 
     def leftovers(self) -> list[tuple[int, str]]:
@@ -996,7 +1033,7 @@ def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool =
     for namespaces in (True, False):
         confinement = Confinement(lib, ruleset, program, namespaces)
         spawner = Spawner(confinement.enter)
-        zygote = Zygote(spawner, functools.partial(confinement.enter, init=True))
+        zygote = Zygote(spawner, functools.partial(confinement.enter, init=True), ruleset)
         try:
             zygote.start()
             break
@@ -1759,13 +1796,13 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, ru
         try:
             code = proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            signal_group(proc.pid, signal.SIGKILL)
+            signal_command(proc, signal.SIGKILL)
             code = proc.wait()
             notes.append(f"[timed out after {timeout} ms; the command and its children were killed]")
         closed = closed or drain(read_fd, out, BACKGROUND_GRACE)
     except BaseException as error:  # Ctrl-C, SIGTERM or SIGHUP: take the command down with us
         if proc:
-            signal_group(proc.pid, signal.SIGKILL)
+            signal_command(proc, signal.SIGKILL)
             proc.wait()
         os.close(read_fd)
         if isinstance(error, OSError):
@@ -1775,7 +1812,7 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, ru
         os.close(read_fd)
     else:
         ctx.leftovers.add(read_fd)
-    if signal_group(proc.pid, 0):
+    if signal_command(proc, 0):
         notes.append(f"[the shell exited; background processes are still running (process group {proc.pid})]")
     text = out.text()
     notes.append(f"[exit code {code}]" + (ctx.sandbox.note(text, code) if ctx.sandbox else ""))
@@ -2476,7 +2513,7 @@ class Shells:
     def kill(self, shell_id: str) -> bool:
         """End a shell and everything in its process group; False when it had exited already."""
         shell = self.get(shell_id)
-        running = shell.code is None and signal_group(shell.proc.pid, signal.SIGKILL)
+        running = shell.code is None and signal_command(shell.proc, signal.SIGKILL)
         shell.proc.wait()
         return running
 

@@ -9,6 +9,7 @@ end-to-end ones run ./your_program.sh, and some again as an ordinary user (nobod
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -390,6 +391,100 @@ def test_a_program_that_does_not_exist_is_an_error_as_with_popen(confined):
     with pytest.raises(FileNotFoundError):
         confined.sandbox.zygote.popen(["true"], cwd=confined.cwd / "missing", env=confined.env)
     assert agent.tool_bash(confined, "echo fine") == "fine\n[exit code 0]"
+
+
+@pytest.fixture
+def unshared(workspace, private_tmp):
+    """A confined tool context with no namespaces, as solo runs where the kernel refuses them (the zygote is then
+    an ordinary process of the user, not the init of a namespace)."""
+    roots = (Path(real(workspace)), Path(real(private_tmp)))
+    lib = agent.load_libc()
+    ruleset, _ = agent.landlock_ruleset(lib, roots, False)
+    confinement = agent.Confinement(lib, ruleset, agent.seccomp_filter(MACHINE, False, False), False)
+    spawner = agent.Spawner(confinement.enter)
+    zygote = agent.Zygote(spawner, functools.partial(confinement.enter, init=True), ruleset)
+    zygote.start()
+    sandbox = agent.Sandbox("workspace-write", roots, False, spawner, False, zygote)
+    yield agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp)},
+                            sandbox=sandbox)
+    spawner.shutdown()
+
+
+def test_a_command_cannot_stop_the_zygote_where_there_are_no_namespaces(unshared):
+    """Each command gets a Landlock domain of its own, beneath the zygote's: the zygote (and the zygote's other
+    children) are outside it, so no signal of a command reaches them, and solo never waits on a stopped zygote."""
+    zygote, result = unshared.sandbox.zygote, {}
+    thread = threading.Thread(target=lambda: result.update(out=agent.tool_bash(
+        unshared, "kill -STOP $PPID; echo $?; sleep 30", timeout=1000)), daemon=True)
+    thread.start()
+    thread.join(15)
+    stopped = "State:\tT" in Path(f"/proc/{zygote.pid}/status").read_text()
+    os.kill(zygote.pid, signal.SIGCONT)
+    thread.join(10)
+    assert not stopped and "timed out after 1000 ms" in result.get("out", ""), result
+
+
+def test_a_command_cannot_signal_or_read_another_commands_processes(confined):
+    """Commands share the zygote's namespace, not its Landlock domain: what one left running is out of another's
+    reach (as when each command had namespaces of its own)."""
+    left = agent.tool_bash(confined, "sleep 300 > /dev/null 2>&1 & echo $!").split("\n")[0]
+    result = agent.tool_bash(confined, f"kill -STOP {left}; head -c 4 /proc/{left}/environ; "
+                                       f"tr '\\0' ' ' < /proc/{left}/cmdline")  # its command line stays visible
+    assert "Operation not permitted" in result and "Permission denied" in result and "sleep 300" in result, result
+
+
+def test_a_command_cannot_lower_the_limits_of_the_zygote(confined):
+    """prlimit on another process is refused (no Landlock rule covers it): a command that took the zygote's file
+    descriptors away would make every later command wait for it, then fail. Its own limits a command still sets."""
+    result = agent.tool_bash(confined, "prlimit --pid $PPID --nofile=5:5 --nproc=0:0; echo refused $?; "
+                                       "prlimit --pid $PPID --nofile | tail -1; ulimit -n 64; ulimit -n; "
+                                       "prlimit --nofile=32:32 sh -c 'ulimit -n'")
+    assert "refused 1" in result and "\n64\n32\n" in result, result
+    started = time.monotonic()
+    assert agent.tool_bash(confined, "echo fine") == "fine\n[exit code 0]"
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to steer the number the next process gets")
+def test_ending_a_background_shell_never_hits_a_process_that_took_its_number(confined):
+    """The zygote reaps a command as soon as it ends, so a number solo knows may be another process's by the time
+    solo ends the command's group (a shell whose job left the group keeps writing, so it looks running): ending it
+    must not take an outside process with it."""
+    ctx = confined._replace(shells=agent.Shells())
+    shell_id = ctx.shells.start(agent.starter(ctx), "setsid sh -c 'while :; do echo x; sleep 0.05; done' &",
+                                ctx.cwd, ctx.env)
+    pid = ctx.shells.get(shell_id).proc.pid
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for _ in range(50):  # other processes of the machine may take the number first
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        if victim.pid == pid:
+            break
+        victim.kill()
+        victim.wait()
+    else:
+        pytest.skip("could not give an outside process the number")
+    try:
+        ctx.shells.kill(shell_id)
+        time.sleep(0.2)
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_the_zygote_program_is_read_once(confined, monkeypatch):
+    """A restarted zygote runs the program solo started with, not whatever its source file holds by then (solo may
+    be working on its own code, or be upgraded while it runs)."""
+    import inspect
+    monkeypatch.setattr(inspect, "getsource", lambda _: "raise SystemExit(3)\n")
+    zygote = confined.sandbox.zygote
+    os.kill(zygote.pid, signal.SIGKILL)
+    zygote.proc.wait(10)
+    assert agent.tool_bash(confined, "echo restarted") == "restarted\n[exit code 0]"
 
 
 # --- 8. Secrets ---------------------------------------------------------------------------------------
