@@ -368,7 +368,7 @@ def signal_group(pgid: int, sig: int) -> bool:
 def signal_command(proc: Any, sig: int) -> bool:
     """signal_group for a command's group; through its pidfd when the zygote started it (the zygote reaps it at once,
     so its number may be another process's by now): only its own group (Linux 6.9; before, only while it runs)."""
-    if not hasattr(proc, "pidfd"):
+    if not isinstance(proc, Forked):
         return signal_group(proc.pid, sig)
     try:
         signal.pidfd_send_signal(proc.pidfd, sig, None, 4)  # PIDFD_SIGNAL_PROCESS_GROUP

@@ -9,6 +9,7 @@ end-to-end ones run ./your_program.sh, and some again as an ordinary user (nobod
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -474,6 +475,22 @@ def test_ending_a_background_shell_never_hits_a_process_that_took_its_number(con
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_before_linux_6_9_a_command_is_signalled_by_group_only_while_it_runs(confined, monkeypatch):
+    """Without PIDFD_SIGNAL_PROCESS_GROUP (EINVAL), the group is signalled by number only while its leader runs
+    (its number is then still its own); once the leader ended, nothing is sent."""
+    def old_kernel(pidfd, sig, siginfo=None, flags=0):
+        raise OSError(errno.EINVAL, "Invalid argument")
+    monkeypatch.setattr(signal, "pidfd_send_signal", old_kernel)
+    zygote = confined.sandbox.zygote
+    running = zygote.popen(["sleep", "30"], cwd=confined.cwd, env=confined.env, start_new_session=True)
+    assert agent.signal_command(running, signal.SIGKILL) and running.wait(10) == -signal.SIGKILL
+    ended = zygote.popen(["true"], cwd=confined.cwd, env=confined.env, start_new_session=True)
+    ended.wait(10)
+    sent = []
+    monkeypatch.setattr(agent, "signal_group", lambda pgid, sig: sent.append(pgid) or True)
+    assert not agent.signal_command(ended, signal.SIGKILL) and sent == []
 
 
 def test_the_zygote_program_is_read_once(confined, monkeypatch):
