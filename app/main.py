@@ -856,8 +856,8 @@ def zygote(fd: int, ruleset: int) -> None:
                 os.chdir(request["cwd"])
                 channel.send(b"P")
                 os.execvpe(request["args"][0], request["args"], request["env"])
-            except OSError as error:
-                os.write(report, (error.errno or 0).to_bytes(4, "little"))
+            except (OSError, ValueError) as error:  # ValueError: a NUL or a lone surrogate, as Popen would raise
+                os.write(report, (getattr(error, "errno", 0) or 22).to_bytes(4, "little"))  # else EINVAL
             finally:
                 os._exit(127)
         pidfd = os.pidfd_open(pid)  # this process is its parent: the pid is the command's until the zygote reaps it

@@ -273,15 +273,16 @@ def test_background_setsid_and_nohup_children_end_when_the_agent_does(serve, run
     assert wait_until_gone(marker) == []
 
 
+@pytest.mark.parametrize("flags", [[], ["--sandbox", "workspace-write"]])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_what_commands_left_running_ends_when_the_agent_is_stopped(serve, workspace, tmp_path, signum):
-    marker = f"solo-stopped-{os.getpid()}-{signum}"
+def test_what_commands_left_running_ends_when_the_agent_is_stopped(serve, workspace, tmp_path, signum, flags):
+    marker = f"solo-stopped-{os.getpid()}-{signum}-{len(flags)}"
     steps = [[call("Bash", {"command": f"setsid {lingering(marker)} > /dev/null 2>&1 < /dev/null &"}, id="a")],
              [call("Bash", {"command": lingering(marker + "-running")}, id="b")]]
     server = serve(script(*steps))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
     env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="k", HOME=str(tmp_path))
-    proc = subprocess.Popen([str(PROGRAM), "-p", "go"], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([str(PROGRAM), "-p", "go", *flags], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while len(pids_with(marker)) < 2:  # the leftover and the running command
@@ -392,6 +393,13 @@ def test_a_program_that_does_not_exist_is_an_error_as_with_popen(confined):
     with pytest.raises(FileNotFoundError):
         confined.sandbox.zygote.popen(["true"], cwd=confined.cwd / "missing", env=confined.env)
     assert agent.tool_bash(confined, "echo fine") == "fine\n[exit code 0]"
+
+
+@pytest.mark.parametrize("command", ["echo a\0b", "echo \ud800"])
+def test_a_command_that_cannot_be_passed_to_exec_is_an_error_as_with_popen(confined, command):
+    """A NUL or a lone surrogate (a model's JSON may hold one) is an error, not a silent exit code 127."""
+    with pytest.raises(agent.ToolError, match="Invalid argument"):
+        agent.tool_bash(confined, command)
 
 
 @pytest.fixture
