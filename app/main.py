@@ -973,7 +973,7 @@ class Zygote:
                 said, pidfds, _, _ = socket.recv_fds(channel, 8, 1)
             if said[:1] == b"E":
                 code = int.from_bytes(said[1:5], "little")
-                raise OSError(code, os.strerror(code), args[0])
+                raise OSError(code, os.strerror(code), args[0] if os.path.isdir(cwd) else str(cwd))  # as Popen names
             if said != b"X" or pid <= 0 or not pidfds:
                 raise OSError("the sandbox's command starter ended; the next command starts a new one")
         except BaseException as error:

@@ -390,7 +390,7 @@ def test_a_killed_zygote_ends_its_commands_and_the_next_command_starts_a_new_one
 def test_a_program_that_does_not_exist_is_an_error_as_with_popen(confined):
     with pytest.raises(FileNotFoundError):
         confined.sandbox.zygote.popen(["no-such-program-here"], cwd=confined.cwd, env=confined.env)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="missing"):  # the folder is named, not the program
         confined.sandbox.zygote.popen(["true"], cwd=confined.cwd / "missing", env=confined.env)
     assert agent.tool_bash(confined, "echo fine") == "fine\n[exit code 0]"
 
