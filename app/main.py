@@ -13,7 +13,7 @@ to stderr.
 Sections, in the order data flows:
     Constants, Errors, Bounded output   defaults, exit codes, the few exceptions, head-and-tail buffers
     Processes and signals               the spawner every child starts from, orphans, stop signals
-    Sandbox, Files in a sandbox         confinement between fork and exec; race-free writes, guarded files
+    Sandbox, Files in a sandbox         confinement between fork and exec, the zygote; race-free writes, guards
     Tools                               Read, Write, Edit, Bash, Glob, Grep
     Skills, Custom commands             .claude/skills and .claude/commands, @mentions
     Images and notebooks, Background shells, Web, Sub-agents and the to-do list    the other tools
@@ -85,6 +85,7 @@ import random
 import re
 import select
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -365,6 +366,20 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
+def signal_command(proc: Any, sig: int) -> bool:
+    """signal_group for a command's group; through its pidfd when the zygote started it (the zygote reaps it at once,
+    so its number may be another process's by now): only its own group (Linux 6.9; before, only while it runs)."""
+    if not isinstance(proc, Forked):
+        return signal_group(proc.pid, sig)
+    try:
+        signal.pidfd_send_signal(proc.pidfd, sig, None, 4)  # PIDFD_SIGNAL_PROCESS_GROUP
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    except OSError:  # EINVAL: a kernel without the flag; a pidfd is readable once its process ended
+        return not select.select([proc.pidfd], [], [], 0)[0] and signal_group(proc.pid, sig)
+
+
 def drain(fd: int, sink: HeadTail, seconds: float) -> bool:
     """Copy what a pipe holds into sink for up to `seconds`; True once every writer has closed it."""
     deadline = time.monotonic() + seconds
@@ -443,13 +458,13 @@ class Spawner:
         if os.getppid() != self.parent:
             os._exit(127)
 
-    def popen(self, args: Any, **kwargs: Any) -> subprocess.Popen:
+    def popen(self, args: Any, prepare: Callable[[], None] | None = None, **kwargs: Any) -> subprocess.Popen:
         """Start a process from the spawner thread (made on first use: a run may start none)."""
         with self.lock:
             if self.thread is None:
                 import concurrent.futures
                 self.thread = concurrent.futures.ThreadPoolExecutor(1, "spawner")
-        proc = self.thread.submit(subprocess.Popen, args, preexec_fn=self.prepare, **kwargs).result()
+        proc = self.thread.submit(subprocess.Popen, args, preexec_fn=prepare or self.prepare, **kwargs).result()
         self.pids.add(proc.pid)
         if len(self.pids) % 32 == 0:  # what ended of what commands left behind is reaped now and then, not piled up
             orphans(self.pids)
@@ -482,10 +497,11 @@ def namespace_init(pid: int) -> bool:
     return False
 
 
-def orphans(known: set[int]) -> list[tuple[int, str]]:
-    """What earlier commands left running (adopted by solo as their subreaper), with command lines; zombies among
-    solo's adopted children are reaped by pid on the way (never waitpid(-1), which would rob subprocess)."""
-    table, me = process_table(), os.getpid()
+def orphans(known: set[int], me: int = 0) -> list[tuple[int, str]]:
+    """What earlier commands left running (adopted by solo as their subreaper, or by the init `me`), with command
+    lines; zombies among solo's adopted children are reaped by pid on the way (never waitpid(-1), which would rob
+    subprocess)."""
+    table, me = process_table(), me or os.getpid()
     adopted = [pid for pid, (ppid, _, _) in table.items() if ppid == me and pid not in known]
     for pid in [pid for pid in adopted if table[pid][1] == "Z"]:
         with contextlib.suppress(ChildProcessError):
@@ -545,12 +561,12 @@ SYSCALLS = {  # name: number on x86_64, on aarch64 (checked against the kernel h
     "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
     "mount_setattr": (442, 442), "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53),
     "fchmodat2": (452, 452), "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7),
-    "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
+    "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16), "prlimit64": (302, 261),
 }
 MODE_CALLS = {"chmod": 24, "fchmod": 24, "fchmodat": 32, "fchmodat2": 32}  # where their mode argument is
 XATTR_CALLS = ("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr")
 REFUSED_CALLS = tuple(name for name in SYSCALLS if name not in (
-    "socket", "ioctl", "clone", "clone3", "capset", *MODE_CALLS, *XATTR_CALLS))
+    "socket", "ioctl", "clone", "clone3", "capset", "prlimit64", *MODE_CALLS, *XATTR_CALLS))
 AUDIT_ARCHES = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # ioctls that type into or redraw a terminal
@@ -558,6 +574,7 @@ BPF_LD, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_AND, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0
 SECCOMP_ALLOW, SECCOMP_EPERM, SECCOMP_ENOSYS, SECCOMP_KILL = 0x7FFF0000, 0x50001, 0x50026, 0x80000000
 SECCOMP_EOPNOTSUPP = 0x5005F  # what a file system without extended attributes says: tools go on without them
 SET_ID_BITS = 0o6000  # S_ISUID | S_ISGID
+ZYGOTE_WAIT = 30  # seconds the zygote may take to start, or to start a command
 
 
 class Sandbox(NamedTuple):
@@ -567,8 +584,9 @@ class Sandbox(NamedTuple):
     mode: str
     roots: tuple[Path, ...]  # folders writes may go beneath
     network: bool  # TCP and UDP over IPv4 and IPv6 allowed
-    spawner: Spawner  # starts every command and MCP server of the run, confined
+    spawner: Spawner  # starts every MCP server of the run, each in namespaces of its own, confined
     unix: bool = False  # unix sockets allowed (any daemon of the user: tmux, docker, ssh-agent)
+    zygote: Zygote | None = None  # starts every command, confined
 
     def check(self, path: Path, file_path: str) -> None:
         """ToolError for a write that resolves (symlinks and '..' followed) outside the writable folders."""
@@ -606,7 +624,8 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
     """The seccomp filter of confined commands: the system calls that reach other processes, the kernel's keys,
     mounts, namespaces and io_uring (which bypasses seccomp) refused; sockets only of the kinds allowed
     (socketpair always); no ioctl that types into a terminal; no set-user-ID or set-group-ID bit set and no extended
-    attribute changed (Landlock does not govern either). Another architecture's calls kill the process."""
+    attribute changed (Landlock does not govern either); no limit of another process set (prlimit). Another
+    architecture's calls kill the process."""
     nr = {name: numbers[machine == "aarch64"] for name, numbers in SYSCALLS.items()
           if numbers[machine == "aarch64"] is not None}
     modes = [(BPF_JEQ, nr[name], f"mode{offset}") for name, offset in MODE_CALLS.items() if name in nr]
@@ -617,7 +636,8 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
         *[(BPF_JEQ, nr[name], "deny") for name in REFUSED_CALLS],
         (BPF_JEQ, nr["clone3"], "nosys"),  # its flags cannot be read: ENOSYS makes the C library use clone
         (BPF_JEQ, nr["socket"], "socket"), (BPF_JEQ, nr["ioctl"], "ioctl"), (BPF_JEQ, nr["clone"], "clone"),
-        *modes, *[(BPF_JEQ, nr[name], "noxattr") for name in XATTR_CALLS], (BPF_RET, SECCOMP_ALLOW),
+        *modes, *[(BPF_JEQ, nr[name], "noxattr") for name in XATTR_CALLS], (BPF_JEQ, nr["prlimit64"], "prlimit"),
+        (BPF_RET, SECCOMP_ALLOW),
         "socket", (BPF_LD, 16), *([(BPF_JEQ, 1, "allow")] if unix else []), *inet, (BPF_RET, SECCOMP_EPERM),
         "inet", (BPF_LD, 24), (BPF_AND, 0xF), (BPF_JEQ, 1, "protocol"), (BPF_JEQ, 2, "protocol", "deny"),
         "protocol", (BPF_LD, 32), (BPF_JEQ, 0, "allow"), (BPF_JEQ, 6, "allow"), (BPF_JEQ, 17, "allow", "deny"),
@@ -626,6 +646,8 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
         "mode24", (BPF_LD, 24), (BPF_JSET, SET_ID_BITS, "deny", "allow"),
         "mode32", (BPF_LD, 32), (BPF_JSET, SET_ID_BITS, "deny", "allow"),
         "noxattr", (BPF_RET, SECCOMP_EOPNOTSUPP),
+        "prlimit", (BPF_LD, 16), (BPF_JEQ, 0, "allow"), (BPF_LD, 32), (BPF_JEQ, 0, None, "deny"),  # another process's
+        (BPF_LD, 36), (BPF_JEQ, 0, "allow", "deny"),  # limits may be read (no new ones), not set
         "allow", (BPF_RET, SECCOMP_ALLOW), "deny", (BPF_RET, SECCOMP_EPERM), "nosys", (BPF_RET, SECCOMP_ENOSYS),
         "kill", (BPF_RET, SECCOMP_KILL),
     ])
@@ -686,14 +708,15 @@ class Confinement:
                      ("gid_map", f"{os.getgid()} {os.getgid()} 1".encode()))
         lib.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 
-    def enter(self) -> None:
-        """In the child: die with solo, then be confined (in namespaces when allowed) before the exec."""
+    def enter(self, init: bool = False) -> None:
+        """In the child: die with solo, then be confined (in namespaces when allowed) before the exec; `init`: exec
+        as the namespaces' first process (the zygote)."""
         for signum in (1, 2, 15):  # solo's own handlers mean nothing here
             self.lib.signal(signum, 0)
         self.lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
         if os.getppid() != self.parent:
             os._exit(127)
-        if not self.namespaces or not self.into_namespaces():
+        if not self.namespaces or not self.into_namespaces(init):
             self.restrict()
 
     def check(self, result: int, what: str) -> None:
@@ -701,9 +724,10 @@ class Confinement:
         if result < 0:
             raise OSError(self.errno(), f"{what}: {os.strerror(self.errno())}")
 
-    def into_namespaces(self) -> bool:
+    def into_namespaces(self, init: bool) -> bool:
         """Fork twice into new namespaces: this process stays behind to pass the command's exit code on, the first
-        child becomes the namespace's init (confined too), the second returns True, confined, to exec."""
+        child becomes the namespace's init (confined too), the second returns True, confined, to exec. With `init`
+        the first child returns, to exec as the init."""
         lib = self.lib
         self.check(lib.unshare(0x10000000 | 0x20000000 | 0x20000), "unshare")  # CLONE_NEWUSER, NEWPID, NEWNS
         lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # else /proc/self is root's, and only root may write the maps
@@ -725,7 +749,7 @@ class Confinement:
         self.check(lib.syscall(445, self.ruleset, 1, struct.pack("<Qi", READ_FILE, proc), 0), "landlock /proc")
         os.close(proc)
         self.restrict()
-        self.check(pid := lib.fork(), "fork")
+        self.check(pid := 0 if init else lib.fork(), "fork")
         if pid:
             self.init(pid, write)
         os.close(read)
@@ -779,6 +803,218 @@ class Confinement:
         self.check(lib.prctl(22, 2, self.fprog, 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
 
 
+def zygote(fd: int, ruleset: int) -> None:
+    """The zygote's program, run already confined by a fresh `python -I -S` (small, so its forks are cheap): fork
+    each command asked for on socket `fd`, in a Landlock domain of its own (`ruleset` again, beneath the zygote's);
+    the command says it started (the kernel adds its pid, as solo sees it), the zygote whether it was run (with a
+    pidfd of it), then its wait status when it ends. Whatever else ends is reaped."""
+    import contextlib, ctypes, json, os, select, signal, socket  # noqa: E401 (it runs alone: none of solo is there)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no command may read this process or take its socket
+    asked, (wake, woken) = socket.socket(fileno=fd), os.pipe()
+    os.set_inheritable(fd, False)
+    os.set_inheritable(ruleset, False)
+    os.set_blocking(woken, False)
+    signal.set_wakeup_fd(woken)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the namespace's init it ignores what commands send it
+    channels = {}  # pid: where its wait status goes
+    asked.send(b"R")
+    while True:
+        if wake in select.select([asked, wake], [], [])[0]:
+            os.read(wake, 4096)
+            with contextlib.suppress(ChildProcessError):
+                while (ended := os.waitpid(-1, os.WNOHANG))[0]:
+                    if channel := channels.pop(ended[0], None):
+                        with contextlib.suppress(OSError), channel:
+                            channel.send(b"S" + ended[1].to_bytes(4, "little"))
+            continue
+        head, fds, _, _ = socket.recv_fds(asked, 8, 4)
+        if not head:
+            os._exit(0)  # solo is gone
+        try:
+            for fd in fds:
+                os.set_inheritable(fd, False)  # the command gets them as 0, 1 and 2 only
+            size, body = int.from_bytes(head, "little"), b""
+            while len(body) < size and (chunk := asked.recv(size - len(body))):
+                body += chunk
+            request, channel, (failed, report) = json.loads(body), socket.socket(fileno=fds[3]), os.pipe()
+        except (ValueError, IndexError, OSError):
+            for fd in fds:
+                os.close(fd)
+            continue
+        if (pid := os.fork()) == 0:
+            try:  # no command may signal, trace or read the zygote, its children before their exec, or each other
+                if libc.syscall(446, ruleset, 0):  # landlock_restrict_self
+                    raise OSError(ctypes.get_errno(), "landlock")
+                for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+                    signal.signal(signum, signal.SIG_DFL)
+                libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
+                if request["session"]:
+                    os.setsid()
+                for target, source in enumerate(fds[:3]):
+                    os.dup2(source, target)
+                os.chdir(request["cwd"])
+                channel.send(b"P")
+                os.execvpe(request["args"][0], request["args"], request["env"])
+            except (OSError, ValueError) as error:  # ValueError: a NUL or a lone surrogate, as Popen would raise
+                os.write(report, (getattr(error, "errno", 0) or 22).to_bytes(4, "little"))  # else EINVAL
+            finally:
+                os._exit(127)
+        pidfd = os.pidfd_open(pid)  # this process is its parent: the pid is the command's until the zygote reaps it
+        for fd in (report, *fds[:3]):
+            os.close(fd)
+        code = os.read(failed, 4)
+        os.close(failed)
+        with contextlib.suppress(OSError):
+            if code:
+                channel.send(b"E" + code)
+            else:
+                socket.send_fds(channel, [b"X"], [pidfd])
+        os.close(pidfd)
+        channels[pid] = channel
+
+
+def credited(sock: socket.socket, size: int = 8) -> tuple[bytes, int]:
+    """A message from a socket that has SO_PASSCRED, and its sender's pid as solo sees it (0: none came)."""
+    data, ancillary, _, _ = sock.recvmsg(size, socket.CMSG_SPACE(12))
+    pids = [struct.unpack("<i", data[:4])[0] for level, kind, data in ancillary
+            if (level, kind) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS)]
+    return data, pids[0] if pids else 0
+
+
+class Forked:
+    """A command the zygote started, as much of a Popen as solo uses: pid (as solo sees it), stdout, poll, wait; and a
+    pidfd, which names the command even after the zygote reaped it (see signal_command)."""
+
+    def __init__(self, args: list, channel: socket.socket, pid: int, stdout: Any, pidfd: int):
+        self.args, self.channel, self.pid, self.stdout, self.pidfd = args, channel, pid, stdout, pidfd
+        self.returncode, self.lock = None, threading.Lock()
+
+    def __del__(self) -> None:
+        os.close(self.pidfd)
+
+    def poll(self) -> int | None:
+        """The exit code, or None while it runs."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.wait(0)
+        return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code (minus the signal that killed it), when the zygote sends it; TimeoutExpired first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        try:
+            while self.returncode is None:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not select.select([self.channel], [], [], left)[0]:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                status = self.channel.recv(8)  # b"S" and the wait status; nothing when the zygote ended
+                self.returncode = os.waitstatus_to_exitcode(int.from_bytes(status[1:5], "little")) \
+                    if status[:1] == b"S" else -signal.SIGKILL
+                self.channel.close()
+        finally:
+            self.lock.release()
+        return self.returncode
+
+
+class Zygote:
+    """Starts a sandbox's commands through the zygote process (see `zygote`), which the spawner starts confined, as
+    the init of namespaces of its own where the kernel gives them, and starts again if it is gone: one fork of a
+    small process per command, where Popen's would be three of solo's."""
+
+    def __init__(self, spawner: Spawner, prepare: Callable[[], None], ruleset: int):
+        import inspect
+        self.spawner, self.prepare, self.ruleset, self.lock = spawner, prepare, ruleset, threading.Lock()
+        self.source = inspect.getsource(zygote)  # once: the file may change while solo runs (an upgrade, an edit)
+        self.proc: subprocess.Popen | None = None
+        self.asked, self.pid = None, 0  # the socket commands are asked for on; the zygote's pid
+        self.started: list[Forked] = []
+
+    def start(self) -> None:
+        """Start the zygote and wait until it is ready; OSError or SubprocessError when it cannot be."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()  # it stopped taking requests: its init (or itself) dies with it
+        if self.asked:
+            self.asked.close()
+        self.asked, theirs = socket.socketpair()
+        self.asked.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        program = f"{self.source}\nzygote({theirs.fileno()}, {self.ruleset})\n"
+        with theirs:
+            self.proc = self.spawner.popen([sys.executable, "-I", "-S", "-c", program], self.prepare, cwd="/", env={},
+                                           pass_fds=(theirs.fileno(), self.ruleset), stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.asked.settimeout(ZYGOTE_WAIT)  # a zygote a command stopped must not hang solo
+        ready, self.pid = credited(self.asked)
+        if ready != b"R" or self.pid <= 0:
+            raise OSError(f"the sandbox's command starter ended (code {self.proc.wait()})")
+
+    def popen(self, args: list, *, cwd: Path, env: dict[str, str], stdin: Any = None, stdout: Any = None,
+              stderr: Any = None, start_new_session: bool = False) -> Forked:
+        """Start a command as Popen would (stdin/stdout/stderr: DEVNULL, PIPE for stdout, STDOUT for stderr, or an
+        fd); OSError when it cannot run, or when the zygote does not answer (it is ended: a command stopped it)."""
+        null, kept = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC), None
+        if stdout == subprocess.PIPE:
+            read, stdout = os.pipe()
+            kept = open(read, "rb")
+        ends = [null if how in (None, subprocess.DEVNULL) else stdout if how == subprocess.STDOUT else how
+                for how in (stdin, stdout, stderr)]
+        channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        channel.settimeout(ZYGOTE_WAIT)
+        body = json.dumps({"args": list(map(str, args)), "cwd": str(cwd), "env": env, "session": start_new_session})
+        pidfds: list[int] = []
+        try:
+            with self.lock:
+                self.ask(body.encode(), [*ends, theirs.fileno()])
+            said, pid = credited(channel)
+            if said == b"P":  # then b"X" and its pidfd: it runs; b"E" and errno: it could not
+                channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)  # no room for credentials beside the fd
+                said, pidfds, _, _ = socket.recv_fds(channel, 8, 1)
+            if said[:1] == b"E":
+                code = int.from_bytes(said[1:5], "little")
+                raise OSError(code, os.strerror(code), args[0] if os.path.isdir(cwd) else str(cwd))  # as Popen names
+            if said != b"X" or pid <= 0 or not pidfds:
+                raise OSError("the sandbox's command starter ended; the next command starts a new one")
+        except BaseException as error:
+            for pidfd in pidfds:
+                os.close(pidfd)
+            channel.close()
+            if kept:
+                kept.close()
+            if isinstance(error, TimeoutError) and self.proc:
+                self.proc.kill()  # its init (or itself) dies with it
+                raise OSError(f"the sandbox's command starter did not answer in {ZYGOTE_WAIT} s; it was ended, "
+                              "the next command starts a new one") from None
+            raise
+        finally:
+            for fd in {null, theirs.detach(), *([stdout] if kept else [])}:
+                os.close(fd)
+        channel.settimeout(None)
+        self.started = [forked for forked in self.started if forked.returncode is None]
+        self.started.append(forked := Forked(args, channel, pid, kept, pidfds[0]))
+        return forked
+
+    def leftovers(self) -> list[tuple[int, str]]:
+        """What commands left running in the zygote's namespace: its children that are no command it started."""
+        return orphans({forked.pid for forked in self.started if forked.returncode is None}, self.pid) \
+            if self.proc and self.proc.poll() is None else []
+
+    def ask(self, body: bytes, fds: list[int]) -> None:
+        """Send a request, starting the zygote first if it is not running (or stopped taking requests)."""
+        for attempt in range(2):
+            if self.proc is None or self.proc.poll() is not None or attempt:
+                self.start()
+            try:
+                socket.send_fds(self.asked, [len(body).to_bytes(8, "little")], fds)
+                self.asked.sendall(body)
+                return
+            except OSError:
+                if attempt:
+                    raise
+
+
 def exit_code(status: int) -> int:
     """A wait status as a shell reports it: the exit code, or 128 + the signal."""
     code = os.waitstatus_to_exitcode(status)
@@ -787,7 +1023,7 @@ def exit_code(status: int) -> int:
 
 def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool = False) -> tuple[Sandbox, str]:
     """A sandbox over these folders, and a warning for what this kernel cannot enforce; UsageError when it cannot
-    be had at all. A first command tells whether namespaces can be had; without them, confined commands could
+    be had at all. Starting the zygote tells whether namespaces can be had; without them, confined commands could
     read other processes' environments, which the warning says."""
     machine = os.uname().machine
     if machine not in AUDIT_ARCHES:
@@ -796,10 +1032,11 @@ def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool =
     ruleset, warning = landlock_ruleset(lib, roots, network)
     program = seccomp_filter(machine, network, unix)
     for namespaces in (True, False):
-        spawner = Spawner(Confinement(lib, ruleset, program, namespaces).enter)
+        confinement = Confinement(lib, ruleset, program, namespaces)
+        spawner = Spawner(confinement.enter)
+        zygote = Zygote(spawner, functools.partial(confinement.enter, init=True), ruleset)
         try:
-            spawner.popen(["true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          start_new_session=True).wait()
+            zygote.start()
             break
         except (OSError, subprocess.SubprocessError) as error:
             spawner.shutdown()
@@ -809,7 +1046,7 @@ def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool =
     if not namespaces:
         warning = "; ".join(filter(None, [warning, "this kernel gives confined commands no namespaces of their own: "
                                                    "they can read the environments of the user's other processes"]))
-    return Sandbox(mode, roots, network, spawner, unix), warning
+    return Sandbox(mode, roots, network, spawner, unix, zygote), warning
 
 
 # --- Files in a sandbox ---------------------------------------------------------------------------
@@ -1535,7 +1772,7 @@ def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, 
 
 def starter(ctx: ToolContext) -> Callable[..., subprocess.Popen]:
     """How the context starts processes: confined in a sandbox, else set to die with solo, else plainly."""
-    spawner = ctx.sandbox.spawner if ctx.sandbox else ctx.spawner
+    spawner = (ctx.sandbox.zygote or ctx.sandbox.spawner) if ctx.sandbox else ctx.spawner
     return spawner.popen if spawner else subprocess.Popen
 
 
@@ -1562,13 +1799,13 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, ru
         try:
             code = proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            signal_group(proc.pid, signal.SIGKILL)
+            signal_command(proc, signal.SIGKILL)
             code = proc.wait()
             notes.append(f"[timed out after {timeout} ms; the command and its children were killed]")
         closed = closed or drain(read_fd, out, BACKGROUND_GRACE)
     except BaseException as error:  # Ctrl-C, SIGTERM or SIGHUP: take the command down with us
         if proc:
-            signal_group(proc.pid, signal.SIGKILL)
+            signal_command(proc, signal.SIGKILL)
             proc.wait()
         os.close(read_fd)
         if isinstance(error, OSError):
@@ -1578,7 +1815,7 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, ru
         os.close(read_fd)
     else:
         ctx.leftovers.add(read_fd)
-    if signal_group(proc.pid, 0):
+    if signal_command(proc, 0):
         notes.append(f"[the shell exited; background processes are still running (process group {proc.pid})]")
     text = out.text()
     notes.append(f"[exit code {code}]" + (ctx.sandbox.note(text, code) if ctx.sandbox else ""))
@@ -2279,7 +2516,7 @@ class Shells:
     def kill(self, shell_id: str) -> bool:
         """End a shell and everything in its process group; False when it had exited already."""
         shell = self.get(shell_id)
-        running = shell.code is None and signal_group(shell.proc.pid, signal.SIGKILL)
+        running = shell.code is None and signal_command(shell.proc, signal.SIGKILL)
         shell.proc.wait()
         return running
 
@@ -7332,7 +7569,8 @@ class Session:
         """Ask before a call runs, showing it whole and the rules an `always` answer adds: y (once), n, a (this
         session), or s (and save them in .claude/settings.local.json: for commands and MCP tools); "n" for Ctrl-D."""
         what = describe_call(self.agent.cfg.cwd, tool, args, self.display.fancy)
-        if running := orphans(self.agent.spawner.pids):  # they could type into this terminal or redraw it
+        zygote = self.agent.ctx.sandbox.zygote if self.agent.ctx.sandbox else None
+        if running := orphans(self.agent.spawner.pids) + (zygote.leftovers() if zygote else []):  # could type here
             self.reporter.say("still running from earlier commands:\n" + "\n".join(
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
         if tool in EDITORS:

@@ -9,6 +9,8 @@ end-to-end ones run ./your_program.sh, and some again as an ordinary user (nobod
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import os
 import re
@@ -16,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -270,15 +273,16 @@ def test_background_setsid_and_nohup_children_end_when_the_agent_does(serve, run
     assert wait_until_gone(marker) == []
 
 
+@pytest.mark.parametrize("flags", [[], ["--sandbox", "workspace-write"]])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_what_commands_left_running_ends_when_the_agent_is_stopped(serve, workspace, tmp_path, signum):
-    marker = f"solo-stopped-{os.getpid()}-{signum}"
+def test_what_commands_left_running_ends_when_the_agent_is_stopped(serve, workspace, tmp_path, signum, flags):
+    marker = f"solo-stopped-{os.getpid()}-{signum}-{len(flags)}"
     steps = [[call("Bash", {"command": f"setsid {lingering(marker)} > /dev/null 2>&1 < /dev/null &"}, id="a")],
              [call("Bash", {"command": lingering(marker + "-running")}, id="b")]]
     server = serve(script(*steps))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
     env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="k", HOME=str(tmp_path))
-    proc = subprocess.Popen([str(PROGRAM), "-p", "go"], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([str(PROGRAM), "-p", "go", *flags], cwd=workspace, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while len(pids_with(marker)) < 2:  # the leftover and the running command
@@ -316,12 +320,13 @@ def test_a_running_command_and_a_confined_background_job_die_with_a_killed_agent
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve, terminal, workspace):
-    marker = f"solo-typist-{os.getpid()}"
+@pytest.mark.parametrize("flags", [[], ["--sandbox", "workspace-write"]])
+def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve, terminal, workspace, flags):
+    marker = f"solo-typist-{os.getpid()}-{len(flags)}"
     steps = [[call("Bash", {"command": f"{lingering(marker)} > /dev/null 2>&1 &"}, id="a")],
              [call("Bash", {"command": "git status"}, id="b")]]
     server = serve(script(*steps))
-    session = terminal(server)
+    session = terminal(server, *flags)
     session.send("go\r")
     session.expect(r"Allow Bash\? \[y/n/a/s\] ")
     session.send("y\r")
@@ -333,6 +338,178 @@ def test_a_session_lists_what_earlier_commands_left_running_before_asking(serve,
     session.send("/exit\r")
     assert session.wait() == 0
     assert wait_until_gone(marker) == []
+
+
+# --- The zygote: commands fork from one small confined process -----------------------------------------
+
+
+def test_commands_cannot_stop_the_zygote_they_start_from(confined):
+    """Every command of a sandbox is a child of one confined process, the init of their namespace: a command that
+    kills everything it can, or signals the init, ends nothing that later commands need."""
+    zygote = confined.sandbox.zygote
+    pid = zygote.pid
+    first = agent.tool_bash(confined, "echo $PPID; kill -9 -1; kill -KILL 1; kill -STOP 1; kill -INT 1; "
+                                      "kill -TERM 1; pkill -9 -f [z]ygote; echo sent")
+    assert first.startswith("1\n") and "sent\n" in first, first
+    assert agent.tool_bash(confined, "echo alive") == "alive\n[exit code 0]"
+    assert zygote.pid == pid and "State:\tT" not in Path(f"/proc/{pid}/status").read_text()  # nor stopped
+
+
+PIDFD_GETFD = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); pidfd = libc.syscall(434, 1, 0); "
+               "print(pidfd >= 0, libc.syscall(438, pidfd, 3, 0), ctypes.get_errno())")
+
+
+def test_a_command_cannot_read_the_zygote_or_take_its_socket(confined):
+    result = agent.tool_bash(confined, "cat /proc/1/environ /proc/1/mem; readlink /proc/1/fd/0; " + python(PIDFD_GETFD))
+    assert result.count("Permission denied") == 2 and "True -1 1" in result, result  # EPERM: it is not dumpable
+    assert "/dev/null" not in result
+
+
+def test_a_command_gets_no_descriptor_of_the_zygote(confined):
+    """Only 0, 1 and 2 pass to a command (ls's own listing is 3)."""
+    assert agent.tool_bash(confined, "ls /proc/self/fd") == "0\n1\n2\n3\n[exit code 0]"
+
+
+def test_a_killed_zygote_ends_its_commands_and_the_next_command_starts_a_new_one(confined):
+    zygote = confined.sandbox.zygote
+    first, running = zygote.pid, {}
+    thread = threading.Thread(target=lambda: running.update(result=agent.tool_bash(confined, "sleep 30")))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not [pid for pid, (ppid, _, command) in agent.process_table().items() if ppid == first and
+               command == "sleep 30"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(first, signal.SIGKILL)  # from outside: as a bug, or the kernel's OOM killer, would
+    thread.join(10)
+    assert running["result"].endswith("[exit code -9]"), running
+    zygote.proc.wait(10)
+    assert agent.tool_bash(confined, "echo again") == "again\n[exit code 0]" and zygote.pid != first
+
+
+def test_a_program_that_does_not_exist_is_an_error_as_with_popen(confined):
+    with pytest.raises(FileNotFoundError):
+        confined.sandbox.zygote.popen(["no-such-program-here"], cwd=confined.cwd, env=confined.env)
+    with pytest.raises(FileNotFoundError, match="missing"):  # the folder is named, not the program
+        confined.sandbox.zygote.popen(["true"], cwd=confined.cwd / "missing", env=confined.env)
+    assert agent.tool_bash(confined, "echo fine") == "fine\n[exit code 0]"
+
+
+@pytest.mark.parametrize("command", ["echo a\0b", "echo \ud800"])
+def test_a_command_that_cannot_be_passed_to_exec_is_an_error_as_with_popen(confined, command):
+    """A NUL or a lone surrogate (a model's JSON may hold one) is an error, not a silent exit code 127."""
+    with pytest.raises(agent.ToolError, match="Invalid argument"):
+        agent.tool_bash(confined, command)
+
+
+@pytest.fixture
+def unshared(workspace, private_tmp):
+    """A confined tool context with no namespaces, as solo runs where the kernel refuses them (the zygote is then
+    an ordinary process of the user, not the init of a namespace)."""
+    roots = (Path(real(workspace)), Path(real(private_tmp)))
+    lib = agent.load_libc()
+    ruleset, _ = agent.landlock_ruleset(lib, roots, False)
+    confinement = agent.Confinement(lib, ruleset, agent.seccomp_filter(MACHINE, False, False), False)
+    spawner = agent.Spawner(confinement.enter)
+    zygote = agent.Zygote(spawner, functools.partial(confinement.enter, init=True), ruleset)
+    zygote.start()
+    sandbox = agent.Sandbox("workspace-write", roots, False, spawner, False, zygote)
+    yield agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp)},
+                            sandbox=sandbox)
+    spawner.shutdown()
+
+
+def test_a_command_cannot_stop_the_zygote_where_there_are_no_namespaces(unshared):
+    """Each command gets a Landlock domain of its own, beneath the zygote's: the zygote (and the zygote's other
+    children) are outside it, so no signal of a command reaches them, and solo never waits on a stopped zygote."""
+    zygote, result = unshared.sandbox.zygote, {}
+    thread = threading.Thread(target=lambda: result.update(out=agent.tool_bash(
+        unshared, "kill -STOP $PPID; echo $?; sleep 30", timeout=1000)), daemon=True)
+    thread.start()
+    thread.join(15)
+    stopped = "State:\tT" in Path(f"/proc/{zygote.pid}/status").read_text()
+    os.kill(zygote.pid, signal.SIGCONT)
+    thread.join(10)
+    assert not stopped and "timed out after 1000 ms" in result.get("out", ""), result
+
+
+def test_a_command_cannot_signal_or_read_another_commands_processes(confined):
+    """Commands share the zygote's namespace, not its Landlock domain: what one left running is out of another's
+    reach (as when each command had namespaces of its own)."""
+    left = agent.tool_bash(confined, "sleep 300 > /dev/null 2>&1 & echo $!").split("\n")[0]
+    result = agent.tool_bash(confined, f"kill -STOP {left}; head -c 4 /proc/{left}/environ; "
+                                       f"tr '\\0' ' ' < /proc/{left}/cmdline")  # its command line stays visible
+    assert "Operation not permitted" in result and "Permission denied" in result and "sleep 300" in result, result
+
+
+def test_a_command_cannot_lower_the_limits_of_the_zygote(confined):
+    """prlimit on another process is refused (no Landlock rule covers it): a command that took the zygote's file
+    descriptors away would make every later command wait for it, then fail. Its own limits a command still sets."""
+    result = agent.tool_bash(confined, "prlimit --pid $PPID --nofile=5:5 --nproc=0:0; echo refused $?; "
+                                       "prlimit --pid $PPID --nofile | tail -1; ulimit -n 64; ulimit -n; "
+                                       "prlimit --nofile=32:32 sh -c 'ulimit -n'")
+    assert "refused 1" in result and "\n64\n32\n" in result, result
+    started = time.monotonic()
+    assert agent.tool_bash(confined, "echo fine") == "fine\n[exit code 0]"
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to steer the number the next process gets")
+def test_ending_a_background_shell_never_hits_a_process_that_took_its_number(confined):
+    """The zygote reaps a command as soon as it ends, so a number solo knows may be another process's by the time
+    solo ends the command's group (a shell whose job left the group keeps writing, so it looks running): ending it
+    must not take an outside process with it."""
+    ctx = confined._replace(shells=agent.Shells())
+    shell_id = ctx.shells.start(agent.starter(ctx), "setsid sh -c 'while :; do echo x; sleep 0.05; done' &",
+                                ctx.cwd, ctx.env)
+    pid = ctx.shells.get(shell_id).proc.pid
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for _ in range(50):  # other processes of the machine may take the number first
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        if victim.pid == pid:
+            break
+        victim.kill()
+        victim.wait()
+    else:
+        pytest.skip("could not give an outside process the number")
+    try:
+        ctx.shells.kill(shell_id)
+        time.sleep(0.2)
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_before_linux_6_9_a_command_is_signalled_by_group_only_while_it_runs(confined, monkeypatch):
+    """Without PIDFD_SIGNAL_PROCESS_GROUP (EINVAL), the group is signalled by number only while its leader runs
+    (its number is then still its own); once the leader ended, nothing is sent."""
+    def old_kernel(pidfd, sig, siginfo=None, flags=0):
+        raise OSError(errno.EINVAL, "Invalid argument")
+    monkeypatch.setattr(signal, "pidfd_send_signal", old_kernel)
+    zygote = confined.sandbox.zygote
+    running = zygote.popen(["sleep", "30"], cwd=confined.cwd, env=confined.env, start_new_session=True)
+    assert agent.signal_command(running, signal.SIGKILL) and running.wait(10) == -signal.SIGKILL
+    ended = zygote.popen(["true"], cwd=confined.cwd, env=confined.env, start_new_session=True)
+    ended.wait(10)
+    sent = []
+    monkeypatch.setattr(agent, "signal_group", lambda pgid, sig: sent.append(pgid) or True)
+    assert not agent.signal_command(ended, signal.SIGKILL) and sent == []
+
+
+def test_the_zygote_program_is_read_once(confined, monkeypatch):
+    """A restarted zygote runs the program solo started with, not whatever its source file holds by then (solo may
+    be working on its own code, or be upgraded while it runs)."""
+    import inspect
+    monkeypatch.setattr(inspect, "getsource", lambda _: "raise SystemExit(3)\n")
+    zygote = confined.sandbox.zygote
+    os.kill(zygote.pid, signal.SIGKILL)
+    zygote.proc.wait(10)
+    assert agent.tool_bash(confined, "echo restarted") == "restarted\n[exit code 0]"
 
 
 # --- 8. Secrets ---------------------------------------------------------------------------------------
