@@ -366,20 +366,6 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def signal_command(proc: Any, sig: int) -> bool:
-    """signal_group for a command's group; through its pidfd when the zygote started it (the zygote reaps it at once,
-    so its number may be another process's by now): only its own group (Linux 6.9; before, only while it runs)."""
-    if not isinstance(proc, Forked):
-        return signal_group(proc.pid, sig)
-    try:
-        signal.pidfd_send_signal(proc.pidfd, sig, None, 4)  # PIDFD_SIGNAL_PROCESS_GROUP
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-    except OSError:  # EINVAL: a kernel without the flag; a pidfd is readable once its process ended
-        return not select.select([proc.pidfd], [], [], 0)[0] and signal_group(proc.pid, sig)
-
-
 def drain(fd: int, sink: HeadTail, seconds: float) -> bool:
     """Copy what a pipe holds into sink for up to `seconds`; True once every writer has closed it."""
     deadline = time.monotonic() + seconds
@@ -809,26 +795,10 @@ def zygote(fd: int, ruleset: int) -> None:
     the command says it started (the kernel adds its pid, as solo sees it), the zygote whether it was run (with a
     pidfd of it), then its wait status when it ends. Whatever else ends is reaped."""
     import contextlib, ctypes, json, os, select, signal, socket  # noqa: E401 (it runs alone: none of solo is there)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no command may read this process or take its socket
-    asked, (wake, woken) = socket.socket(fileno=fd), os.pipe()
-    os.set_inheritable(fd, False)
-    os.set_inheritable(ruleset, False)
-    os.set_blocking(woken, False)
-    signal.set_wakeup_fd(woken)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the namespace's init it ignores what commands send it
-    channels = {}  # pid: where its wait status goes
-    asked.send(b"R")
-    while True:
-        if wake in select.select([asked, wake], [], [])[0]:
-            os.read(wake, 4096)
-            with contextlib.suppress(ChildProcessError):
-                while (ended := os.waitpid(-1, os.WNOHANG))[0]:
-                    if channel := channels.pop(ended[0], None):
-                        with contextlib.suppress(OSError), channel:
-                            channel.send(b"S" + ended[1].to_bytes(4, "little"))
-            continue
+    libc, channels = ctypes.CDLL(None, use_errno=True), {}  # channels: pid: where its wait status goes
+
+    def receive() -> tuple[dict, list[int], socket.socket] | None:
+        """The next request, its descriptors and its channel; None for one that is no request; exit without solo."""
         head, fds, _, _ = socket.recv_fds(asked, 8, 4)
         if not head:
             os._exit(0)  # solo is gone
@@ -838,30 +808,39 @@ def zygote(fd: int, ruleset: int) -> None:
             size, body = int.from_bytes(head, "little"), b""
             while len(body) < size and (chunk := asked.recv(size - len(body))):
                 body += chunk
-            request, channel, (failed, report) = json.loads(body), socket.socket(fileno=fds[3]), os.pipe()
+            return json.loads(body), fds, socket.socket(fileno=fds[3])
         except (ValueError, IndexError, OSError):
             for fd in fds:
                 os.close(fd)
-            continue
+            return None
+
+    def run(request: dict, fds: list[int], channel: socket.socket, report: int) -> None:
+        """In the forked child: a domain of its own (no command may signal, trace or read the zygote, its children
+        before their exec, or each other), the command's signals, session, descriptors and folder, then the exec."""
+        try:
+            if libc.syscall(446, ruleset, 0):  # landlock_restrict_self
+                raise OSError(ctypes.get_errno(), "landlock")
+            for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(signum, signal.SIG_DFL)
+            libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
+            if request["session"]:
+                os.setsid()
+            for target, source in enumerate(fds[:3]):
+                os.dup2(source, target)
+            os.chdir(request["cwd"])
+            channel.send(b"P")
+            os.execvpe(request["args"][0], request["args"], request["env"])
+        except (OSError, ValueError) as error:  # ValueError: a NUL or a lone surrogate, as Popen would raise
+            os.write(report, (getattr(error, "errno", 0) or 22).to_bytes(4, "little"))  # else EINVAL
+        finally:
+            os._exit(127)
+
+    def start(request: dict, fds: list[int], channel: socket.socket) -> None:
+        """Fork the command; tell solo whether it runs (with its pidfd: race-free, the zygote has not reaped it)."""
+        failed, report = os.pipe()
         if (pid := os.fork()) == 0:
-            try:  # no command may signal, trace or read the zygote, its children before their exec, or each other
-                if libc.syscall(446, ruleset, 0):  # landlock_restrict_self
-                    raise OSError(ctypes.get_errno(), "landlock")
-                for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
-                    signal.signal(signum, signal.SIG_DFL)
-                libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
-                if request["session"]:
-                    os.setsid()
-                for target, source in enumerate(fds[:3]):
-                    os.dup2(source, target)
-                os.chdir(request["cwd"])
-                channel.send(b"P")
-                os.execvpe(request["args"][0], request["args"], request["env"])
-            except (OSError, ValueError) as error:  # ValueError: a NUL or a lone surrogate, as Popen would raise
-                os.write(report, (getattr(error, "errno", 0) or 22).to_bytes(4, "little"))  # else EINVAL
-            finally:
-                os._exit(127)
-        pidfd = os.pidfd_open(pid)  # this process is its parent: the pid is the command's until the zygote reaps it
+            run(request, fds, channel, report)
+        pidfd = os.pidfd_open(pid)
         for fd in (report, *fds[:3]):
             os.close(fd)
         code = os.read(failed, 4)
@@ -873,6 +852,30 @@ def zygote(fd: int, ruleset: int) -> None:
                 socket.send_fds(channel, [b"X"], [pidfd])
         os.close(pidfd)
         channels[pid] = channel
+
+    def reap() -> None:
+        """Send each ended command's wait status; reap the rest (what commands left, adopted by this init)."""
+        with contextlib.suppress(ChildProcessError):
+            while (ended := os.waitpid(-1, os.WNOHANG))[0]:
+                if channel := channels.pop(ended[0], None):
+                    with contextlib.suppress(OSError), channel:
+                        channel.send(b"S" + ended[1].to_bytes(4, "little"))
+
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no command may read this process or take its socket
+    asked, (wake, woken) = socket.socket(fileno=fd), os.pipe()
+    os.set_inheritable(fd, False)
+    os.set_inheritable(ruleset, False)
+    os.set_blocking(woken, False)
+    signal.set_wakeup_fd(woken)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the namespace's init it ignores what commands send it
+    asked.send(b"R")
+    while True:
+        if wake in select.select([asked, wake], [], [])[0]:
+            os.read(wake, 4096)
+            reap()
+        elif asked_for := receive():
+            start(*asked_for)
 
 
 def credited(sock: socket.socket, size: int = 8) -> tuple[bytes, int]:
@@ -917,6 +920,20 @@ class Forked:
         finally:
             self.lock.release()
         return self.returncode
+
+
+def signal_command(proc: Any, sig: int) -> bool:
+    """signal_group for a command's group; through its pidfd when the zygote started it (the zygote reaps it at once,
+    so its number may be another process's by now): only its own group (Linux 6.9; before, only while it runs)."""
+    if not isinstance(proc, Forked):
+        return signal_group(proc.pid, sig)
+    try:
+        signal.pidfd_send_signal(proc.pidfd, sig, None, 4)  # PIDFD_SIGNAL_PROCESS_GROUP
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    except OSError:  # EINVAL: a kernel without the flag; a pidfd is readable once its process ended
+        return not select.select([proc.pidfd], [], [], 0)[0] and signal_group(proc.pid, sig)
 
 
 class Zygote:
