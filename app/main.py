@@ -561,6 +561,7 @@ SECCOMP_ALLOW, SECCOMP_EPERM, SECCOMP_ENOSYS, SECCOMP_KILL = 0x7FFF0000, 0x50001
 SECCOMP_EOPNOTSUPP = 0x5005F  # what a file system without extended attributes says: tools go on without them
 SET_ID_BITS = 0o6000  # S_ISUID | S_ISGID
 ZYGOTE_WAIT = 30  # seconds the zygote may take to start, or to start a command
+ZYGOTE_IMPORTS = "from __future__ import annotations\nimport contextlib, json, os, select, signal, socket\n"
 
 
 class Sandbox(NamedTuple):
@@ -789,24 +790,46 @@ class Confinement:
         self.check(lib.prctl(22, 2, self.fprog, 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
 
 
-def zygote(fd: int, ruleset: int) -> None:
+class ZygoteProgram:
     """The zygote's program, run already confined by a fresh `python -I -S` (small, so its forks are cheap): fork
     each command asked for on socket `fd`, in a Landlock domain of its own (`ruleset` again, beneath the zygote's);
     the command says it started (the kernel adds its pid, as solo sees it), the zygote whether it was run (with a
-    pidfd of it), then its wait status when it ends. Whatever else ends is reaped."""
-    import contextlib, ctypes, json, os, select, signal, socket  # noqa: E401 (it runs alone: none of solo is there)
-    libc, channels = ctypes.CDLL(None, use_errno=True), {}  # channels: pid: where its wait status goes
+    pidfd of it), then its wait status when it ends. Whatever else ends is reaped. It runs alone: its source is sent
+    to the new Python after ZYGOTE_IMPORTS, so it uses nothing else of solo."""
 
-    def receive() -> tuple[dict, list[int], socket.socket] | None:
+    def __init__(self, fd: int, ruleset: int):
+        import ctypes
+        self.libc, self.errno, self.ruleset = ctypes.CDLL(None, use_errno=True), ctypes.get_errno, ruleset
+        self.libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no command may read this process or take its socket
+        self.asked, (self.wake, woken) = socket.socket(fileno=fd), os.pipe()
+        self.channels: dict[int, socket.socket] = {}  # pid: where its wait status goes
+        os.set_inheritable(fd, False)
+        os.set_inheritable(ruleset, False)
+        os.set_blocking(woken, False)
+        signal.set_wakeup_fd(woken)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the namespace's init it ignores what commands send it
+
+    def serve(self) -> None:
+        """Say it is ready, then start what is asked for and reap what ends, until solo is gone."""
+        self.asked.send(b"R")
+        while True:
+            if self.wake in select.select([self.asked, self.wake], [], [])[0]:
+                os.read(self.wake, 4096)
+                self.reap()
+            elif asked_for := self.receive():
+                self.start(*asked_for)
+
+    def receive(self) -> tuple[dict, list[int], socket.socket] | None:
         """The next request, its descriptors and its channel; None for one that is no request; exit without solo."""
-        head, fds, _, _ = socket.recv_fds(asked, 8, 4)
+        head, fds, _, _ = socket.recv_fds(self.asked, 8, 4)
         if not head:
             os._exit(0)  # solo is gone
         try:
             for fd in fds:
                 os.set_inheritable(fd, False)  # the command gets them as 0, 1 and 2 only
             size, body = int.from_bytes(head, "little"), b""
-            while len(body) < size and (chunk := asked.recv(size - len(body))):
+            while len(body) < size and (chunk := self.asked.recv(size - len(body))):
                 body += chunk
             return json.loads(body), fds, socket.socket(fileno=fds[3])
         except (ValueError, IndexError, OSError):
@@ -814,15 +837,33 @@ def zygote(fd: int, ruleset: int) -> None:
                 os.close(fd)
             return None
 
-    def run(request: dict, fds: list[int], channel: socket.socket, report: int) -> None:
+    def start(self, request: dict, fds: list[int], channel: socket.socket) -> None:
+        """Fork the command; tell solo whether it runs (with its pidfd: race-free, it is not reaped yet)."""
+        failed, report = os.pipe()
+        if (pid := os.fork()) == 0:
+            self.run(request, fds, channel, report)
+        pidfd = os.pidfd_open(pid)
+        for fd in (report, *fds[:3]):
+            os.close(fd)
+        code = os.read(failed, 4)
+        os.close(failed)
+        with contextlib.suppress(OSError):
+            if code:
+                channel.send(b"E" + code)
+            else:
+                socket.send_fds(channel, [b"X"], [pidfd])
+        os.close(pidfd)
+        self.channels[pid] = channel
+
+    def run(self, request: dict, fds: list[int], channel: socket.socket, report: int) -> None:
         """In the forked child: a domain of its own (no command may signal, trace or read the zygote, its children
         before their exec, or each other), the command's signals, session, descriptors and folder, then the exec."""
         try:
-            if libc.syscall(446, ruleset, 0):  # landlock_restrict_self
-                raise OSError(ctypes.get_errno(), "landlock")
+            if self.libc.syscall(446, self.ruleset, 0):  # landlock_restrict_self
+                raise OSError(self.errno(), "landlock")
             for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signum, signal.SIG_DFL)
-            libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
+            self.libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
             if request["session"]:
                 os.setsid()
             for target, source in enumerate(fds[:3]):
@@ -835,47 +876,13 @@ def zygote(fd: int, ruleset: int) -> None:
         finally:
             os._exit(127)
 
-    def start(request: dict, fds: list[int], channel: socket.socket) -> None:
-        """Fork the command; tell solo whether it runs (with its pidfd: race-free, the zygote has not reaped it)."""
-        failed, report = os.pipe()
-        if (pid := os.fork()) == 0:
-            run(request, fds, channel, report)
-        pidfd = os.pidfd_open(pid)
-        for fd in (report, *fds[:3]):
-            os.close(fd)
-        code = os.read(failed, 4)
-        os.close(failed)
-        with contextlib.suppress(OSError):
-            if code:
-                channel.send(b"E" + code)
-            else:
-                socket.send_fds(channel, [b"X"], [pidfd])
-        os.close(pidfd)
-        channels[pid] = channel
-
-    def reap() -> None:
+    def reap(self) -> None:
         """Send each ended command's wait status; reap the rest (what commands left, adopted by this init)."""
         with contextlib.suppress(ChildProcessError):
             while (ended := os.waitpid(-1, os.WNOHANG))[0]:
-                if channel := channels.pop(ended[0], None):
+                if channel := self.channels.pop(ended[0], None):
                     with contextlib.suppress(OSError), channel:
                         channel.send(b"S" + ended[1].to_bytes(4, "little"))
-
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no command may read this process or take its socket
-    asked, (wake, woken) = socket.socket(fileno=fd), os.pipe()
-    os.set_inheritable(fd, False)
-    os.set_inheritable(ruleset, False)
-    os.set_blocking(woken, False)
-    signal.set_wakeup_fd(woken)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the namespace's init it ignores what commands send it
-    asked.send(b"R")
-    while True:
-        if wake in select.select([asked, wake], [], [])[0]:
-            os.read(wake, 4096)
-            reap()
-        elif asked_for := receive():
-            start(*asked_for)
 
 
 def credited(sock: socket.socket, size: int = 8) -> tuple[bytes, int]:
@@ -937,14 +944,14 @@ def signal_command(proc: Any, sig: int) -> bool:
 
 
 class Zygote:
-    """Starts a sandbox's commands through the zygote process (see `zygote`), which the spawner starts confined, as
+    """Starts a sandbox's commands through the zygote process (see ZygoteProgram), which the spawner starts confined, as
     the init of namespaces of its own where the kernel gives them, and starts again if it is gone: one fork of a
     small process per command, where Popen's would be three of solo's."""
 
     def __init__(self, spawner: Spawner, prepare: Callable[[], None], ruleset: int):
         import inspect
         self.spawner, self.prepare, self.ruleset, self.lock = spawner, prepare, ruleset, threading.Lock()
-        self.source = inspect.getsource(zygote)  # once: the file may change while solo runs (an upgrade, an edit)
+        self.source = inspect.getsource(ZygoteProgram)  # once: the file may change while solo runs (an upgrade)
         self.proc: subprocess.Popen | None = None
         self.asked, self.pid = None, 0  # the socket commands are asked for on; the zygote's pid
         self.started: list[Forked] = []
@@ -957,7 +964,7 @@ class Zygote:
             self.asked.close()
         self.asked, theirs = socket.socketpair()
         self.asked.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        program = f"{self.source}\nzygote({theirs.fileno()}, {self.ruleset})\n"
+        program = f"{ZYGOTE_IMPORTS}{self.source}\nZygoteProgram({theirs.fileno()}, {self.ruleset}).serve()\n"
         with theirs:
             self.proc = self.spawner.popen([sys.executable, "-I", "-S", "-c", program], self.prepare, cwd="/", env={},
                                            pass_fds=(theirs.fileno(), self.ruleset), stdin=subprocess.DEVNULL,
