@@ -237,8 +237,9 @@ def test_confined_commands_run_in_a_new_session_with_no_terminal(confined):
 
 
 def lingering(marker: str) -> str:
-    """A command that runs for 5 minutes with the marker in its command line."""
-    return f"sh -c 'sleep 300; true {marker}'"
+    """A command that runs for 5 minutes with the marker in its command line: one process (a child would outlive it
+    unmarked, and so outlive the test)."""
+    return f"bash -c 'exec -a {marker} sleep 300'"
 
 
 def pids_with(marker: str) -> list[int]:
