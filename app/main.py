@@ -314,16 +314,17 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, so a child started inside is never orphaned."""
+def signals_held() -> Iterator[list[int]]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, so a child started inside is never orphaned; the
+    block sees the ones held."""
     caught: list[int] = []
     try:
         saved = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in STOP_SIGNALS}
     except ValueError:  # not the main thread, which is where signals are handled
-        yield
+        yield caught
         return
     try:
-        yield
+        yield caught
     finally:
         for sig, handler in saved.items():
             while handler is not None and signal.getsignal(sig) is not handler:  # a signal landing here must not
@@ -6654,8 +6655,9 @@ def read_keys(fd: int, decoder: codecs.IncrementalDecoder) -> list[str]:
     return re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL)
 
 
-def show_paged(text: str, pager: str, fd: int) -> str:
-    """Show text through the pager, which has the terminal (its keys, Ctrl-C too) until it quits; why it failed."""
+def show_paged(text: str, pager: str, fd: int, lent: Callable[[Any], None] = lambda child: None) -> str:
+    """Show text through the pager, which has the terminal (its keys, Ctrl-C too) until it quits (`lent` is told
+    of it); why it failed."""
     import shlex
     import tempfile
     try:
@@ -6668,6 +6670,7 @@ def show_paged(text: str, pager: str, fd: int) -> str:
             source.seek(0)
             child = subprocess.Popen(shlex.split(pager), stdin=source, stdout=fd,
                                      process_group=0 if ours else None)
+        lent(child)
     except (OSError, ValueError) as error:
         return f"cannot run the pager {pager!r}: {getattr(error, 'strerror', None) or error}"
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})  # taking the terminal back stops no one
@@ -7010,8 +7013,12 @@ class Keys:
     """The terminal during a turn, read by a thread: Esc interrupts, Ctrl-O pages the last result, other keys wait
     for the next prompt."""
 
-    def __init__(self, fd: int | None, display: Display, expand: Callable[[], None]):
+    def __init__(self, fd: int | None, display: Display, expand: Callable[..., None]):
         self.fd, self.display, self.expand, self.kept, self.thread, self.saved = fd, display, expand, "", None, None
+        self.pager: subprocess.Popen | None = None  # the last pager lent the terminal: ended if solo is stopped
+        for sig in (signal.SIGTERM, signal.SIGHUP) if fd is not None else ():  # at once: what unwinds may wait for it
+            if callable(then := signal.getsignal(sig)):
+                signal.signal(sig, lambda signum, frame, then=then: (self.end_pager(signum), then(signum, frame)))
         self.wake = os.pipe() if fd is not None else (-1, -1)
 
     def start(self) -> None:
@@ -7029,9 +7036,10 @@ class Keys:
         import termios
         if not (thread := self.thread):
             return False
-        with signals_held():
+        with signals_held() as caught:
             os.write(self.wake[1], b".")
-            thread.join()
+            while thread.join(0.1) or thread.is_alive():  # a pager may have the terminal: a stop signal ends it
+                self.end_pager(caught[0]) if caught else None
             os.read(self.wake[0], 1)
             self.thread = None
             with contextlib.suppress(termios.error):
@@ -7069,6 +7077,12 @@ class Keys:
                 self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + "\n" if key in "\r\n" \
                     else self.kept + key if key.isprintable() else self.kept
 
+    def end_pager(self, signum: int) -> None:
+        """Send a stop signal to the pager that has the terminal, if one has it."""
+        if self.pager and self.pager.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pager.pid, signum)
+
     def lend(self) -> None:
         """The terminal as it was before the turn, for the pager, while the turn's display waits (the turn goes on
         meanwhile; what it shows comes after); nothing if the turn stops reading first."""
@@ -7079,7 +7093,7 @@ class Keys:
         try:
             with contextlib.suppress(termios.error):
                 termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
-            self.expand()
+            self.expand(functools.partial(setattr, self, "pager"))
         finally:
             with contextlib.suppress(termios.error):
                 termios.tcsetattr(self.fd, termios.TCSANOW, cbreak(self.saved))
@@ -7501,8 +7515,9 @@ class Session:
                 f.write("\n" * (old[-1:] not in ("", "\n")) + text + "\n")
             self.reporter.say(f"added to {path}; it is read at the start of the next session")
 
-    def expand(self) -> None:
-        """The last tool result whole, through the pager ($PAGER, or less -R); shown here if that cannot start."""
+    def expand(self, lent: Callable[[Any], None] = lambda child: None) -> None:
+        """The last tool result whole, through the pager ($PAGER, or less -R; `lent` is told of it); shown here if
+        that cannot start."""
         with self.display.lock:
             if not self.display.last:
                 return self.reporter.say("no tool has run yet")
@@ -7511,7 +7526,7 @@ class Session:
                 self.streams.stdout.flush()
                 self.streams.stderr.flush()
             text, pager = visible(self.display.last) + "\n", self.env.get("PAGER", "").strip() or "less -R"
-            if failed := show_paged(text, pager, self.streams.stderr.fileno()):
+            if failed := show_paged(text, pager, self.streams.stderr.fileno(), lent):
                 self.reporter.say(failed)
                 if failed.startswith("cannot"):
                     self.display.put(text)

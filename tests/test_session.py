@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -775,3 +776,44 @@ def test_ctrl_o_at_a_question_shows_the_last_result_whole_then_asks_again(serve,
     term.send("y\r")
     shown = term.expect("done: ran")
     assert float(re.search(r"⎿ ran\x1b\[90m \((\d+\.\d) s\)", shown).group(1)) < 1.2  # the pager's time is not the tool's
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["the-reply-waiting", "the-last-text-waiting"])
+def test_a_terminal_closed_while_the_pager_has_it_ends_the_pager_and_the_session(serve, terminal, tmp_path, ended):
+    """SIGHUP (the terminal closed) while Ctrl-O's pager is open ends the pager too, though it ignores its terminal
+    (`more` spins on a hung-up one): the session does not wait for it."""
+    (tmp_path / "pager").write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid\ncat\necho paging\nexec sleep 60\n")
+    (tmp_path / "pager").chmod(0o755)
+    release, sent = threading.Event(), threading.Event()
+
+    def model(body):
+        if body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=[call("Bash", {"command": "seq 1 30"})])
+        return Stream([{"choices": [{"index": 0, "delta": {"content": "while the pager\n"}}]}, lambda: release.wait(20),
+                       {"choices": [{"index": 0, "delta": {"content": "the end"}, "finish_reason": "stop"}]},
+                       lambda: sent.set()])
+
+    server = serve(model)
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": str(tmp_path / "pager")}
+    term = terminal(server, "--yes", term="xterm", env=env)
+    term.send("go\r")
+    term.expect("while the pager")
+    term.send("\x0f")
+    term.expect("paging")
+    if ended:  # the reply is in: the turn waits to show it
+        release.set()
+        assert sent.wait(10)
+    os.kill(term.proc.pid, signal.SIGHUP)
+    assert term.proc.wait(10) == 129
+    pid, deadline = (tmp_path / "pid").read_text().strip(), time.monotonic() + 10
+    while running(pid):
+        assert time.monotonic() < deadline, "the pager outlived the session"
+        time.sleep(0.05)
+
+
+def running(pid: str) -> bool:
+    """Whether a process is alive (not gone, not a zombie)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
