@@ -6709,8 +6709,8 @@ def todo_lines(todos: list[dict], limit: int) -> list[str]:
     first = next((i for i, todo in enumerate(todos) if todo["status"] != "completed"), len(todos))
     start = max(0, min(first - 1, len(todos) - limit))
     rest = len(todos) - start - limit
-    return [f"… {start} completed"] * bool(start) + [one_line(visible(line), 500) for line in (checklist(
-        todos[start: start + limit]) or "(no items)").split("\n")] + [f"… +{rest} more"] * (rest > 0)
+    return [f"… {start} completed"] * bool(start) + ([one_line(visible(checklist([todo])), 500) for todo in todos[
+        start: start + limit]] or ["(no items)"]) + [f"… +{rest} more"] * (rest > 0)  # a line an item, breaks and all
 
 
 @functools.cache
