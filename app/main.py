@@ -6803,9 +6803,8 @@ def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> st
 
 
 def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
-    """The file a Write, Edit or NotebookEdit names, whether it exists, and its bytes (None when unreadable or too
-    large)."""
-    path = Path(cwd, os.path.expanduser(str(args.get("file_path", args.get("notebook_path", "")))))
+    """The file a Write or Edit names, whether it exists, and its bytes (None when unreadable or too large)."""
+    path = Path(cwd, os.path.expanduser(str(args.get("file_path", ""))))
     with contextlib.suppress(OSError):
         if path.is_file() and path.stat().st_size <= CHECKPOINT_BYTES:
             return path, True, path.read_bytes()
@@ -7188,8 +7187,9 @@ class Session:
         """An event of the agent's, shown; before a Write, Edit or NotebookEdit, the file as it was is kept (a
         checkpoint)."""
         if event["type"] == "tool_call" and event["name"] in ("Write", "Edit", "NotebookEdit"):
-            with contextlib.suppress(ValueError):
-                self.checkpoint(parse_arguments(event["arguments"]))
+            with contextlib.suppress(ValueError):  # the file the tool takes, whatever else the call says
+                self.checkpoint({"file_path": parse_arguments(event["arguments"]).get(
+                    "notebook_path" if event["name"] == "NotebookEdit" else "file_path", "")})
         self.display(event)
 
     def checkpoint(self, args: dict) -> None:

@@ -526,7 +526,7 @@ def test_rewind_restores_notebooks_byte_for_byte_after_a_resume_even_deleted_or_
         prompt = user_turns(body)[-1]
         edit = {"cell_id": "c1", "new_source": f"x = '{prompt}'"}
         calls = {"one": [call("NotebookEdit", {"notebook_path": "nb.ipynb", **edit}),
-                         call("NotebookEdit", {"notebook_path": "gone.ipynb", **edit}),
+                         call("NotebookEdit", {"notebook_path": "gone.ipynb", "file_path": "decoy.txt", **edit}),
                          call("Write", {"file_path": "new.ipynb", "content": original}),
                          call("NotebookEdit", {"notebook_path": "new.ipynb", **edit})],
                  "two": [call("NotebookEdit", {"notebook_path": "nb.ipynb", **edit})]}
