@@ -7651,7 +7651,7 @@ class Session:
         sessions, current = Sessions(self.agent.cfg), self.agent.cfg.session_id
         found = sorted(((path, *read_record(path)[:3]) for path in sessions.recent(asked=True) if path.stem != current),
                        key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
-        rows = [sessions.describe(path) + (f" … {last}" if last != first else "") +
+        rows = [visible(sessions.describe(path) + (f" … {last}" if last != first else "")) +
                 " (ended without an answer)" * failed for path, first, last, failed in found]
         path, messages = found[self.pick(rows, "Resume which")][0], self.messages
         self.agent.use_session(path.stem)

@@ -817,3 +817,18 @@ def running(pid: str) -> bool:
         return "zombie" not in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return False
+
+
+def test_the_resume_picker_shows_control_characters_of_old_prompts_escaped(serve, terminal, workspace, run):
+    server = serve(lambda body: reply("answered"))
+    home = {"SOLO_HOME": str(workspace.parent / "solo-home")}
+    evil = "evil \x1b[2J\x1b]0;owned\x07 end"
+    for prompt in ("first", "second", evil):  # an old prompt with a screen clear and a title in it (a paste, stdin)
+        assert run(["-p", prompt], cwd=workspace, base_url=server.url, env=home).code == 0
+    term = terminal(server, term="xterm", env={**os.environ, "OPENROUTER_BASE_URL": server.url,
+                                               "OPENROUTER_API_KEY": "k", **home})
+    term.send("/resume\r")
+    rows = picker(term, "Resume which (3/3")
+    assert "evil \\x1b[2J\\x1b]0;owned\\x07 end" in rows[1] and "\x1b]0;" not in term.transcript
+    term.send("\x1b")
+    term.expect("nothing was chosen")
