@@ -7626,13 +7626,15 @@ class Session:
 
     def restore(self, index: int) -> None:
         """Put back the files Write, Edit and NotebookEdit changed since prompt `index`, as they were before it (a
-        symlink put in a file's place is replaced, never followed)."""
+        symlink put in a file's place is replaced, never followed, nor one in its folder's)."""
         kept: dict[str, dict] = {}
         for checkpoint in self.checkpoints:
             kept.setdefault(checkpoint["path"], checkpoint) if checkpoint["prompt"] >= index else None
         missed = {path: "too large to keep" for path, c in kept.items() if c["exists"] and c["bytes"] is None}
         for path, c in kept.items():
             try:
+                if os.path.realpath(folder := os.path.dirname(path)) != folder:  # a real path once: never followed out
+                    raise OSError(f"a symlink is in the place of {folder}")
                 if not c["exists"] and os.path.lexists(path):
                     os.unlink(path)
                 elif c["bytes"] is not None:

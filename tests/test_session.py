@@ -574,6 +574,23 @@ def test_rewind_says_which_files_it_could_not_put_back(tmp_path):
                      "restored.")]
 
 
+def test_rewind_never_writes_through_a_folder_put_in_a_symlink_s_place(tmp_path):
+    """A checkpoint names a file by its real path: a folder of it that is now a symlink (a command can make one where
+    the sandbox lets no file be written) is not followed out of the project."""
+    said: list[str] = []
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "sub").symlink_to(tmp_path / "outside")
+    session = type("S", (), {"reporter": type("R", (), {"say": staticmethod(said.append)})(), "checkpoints": [
+        {"prompt": 1, "path": str(tmp_path / "project" / "sub" / "keys"), "exists": True, "bytes": "planted"},
+        {"prompt": 1, "path": str(tmp_path / "project" / "sub" / "made"), "exists": False, "bytes": None}]})()
+    (tmp_path / "outside" / "made").write_text("theirs")
+    agent.Session.restore(session, 0)
+    assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == ["made"]
+    assert (tmp_path / "outside" / "made").read_text() == "theirs"
+    assert said[0].startswith("restored: no file; not restored: ") and "a symlink is in the place of" in said[0]
+
+
 def test_the_resume_picker_hides_this_session_puts_failed_runs_last_and_filters(serve, terminal, workspace, run):
     server = serve(tool_then([call("Read", {"file_path": "missing.txt"})], "answered"))
     home = {"SOLO_HOME": str(workspace.parent / "solo-home")}
