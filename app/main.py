@@ -6645,6 +6645,16 @@ def cbreak(attrs: list) -> list:
     return [*attrs[:3], attrs[3] & ~(termios.ICANON | termios.ECHO), *attrs[4:]]
 
 
+def recbreak(fd: int, saved: list) -> bool:
+    """Put a terminal back in cbreak mode if a shell took it out (Ctrl-Z, then fg: its own modes); whether it did."""
+    import termios
+    with contextlib.suppress(termios.error):
+        if termios.tcgetattr(fd)[3] & (termios.ICANON | termios.ECHO):
+            termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))
+            return True
+    return False
+
+
 def read_keys(fd: int, decoder: codecs.IncrementalDecoder) -> list[str]:
     """The keys waiting on a terminal, an escape sequence as one key; a lone Esc last waits 50 ms for more."""
     if not (chunk := os.read(fd, 1024)):
@@ -7060,6 +7070,7 @@ class Keys:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         while True:
             if not (ready := select.select([self.fd, self.wake[0]], [], [], 0.1)[0]):
+                recbreak(self.fd, self.saved)
                 self.display.draw()
                 continue
             if self.wake[0] in ready:
@@ -7568,12 +7579,13 @@ class Session:
         fd, out, words, at, keys, drawn = self.keys.fd, self.streams.stderr, "", 0, deque(), ""
         decoder, size, saved = codecs.getincrementaldecoder("utf-8")(errors="ignore"), (80, 24), termios.tcgetattr(fd)
         try:
-            termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))
-            out.write("\033[?1049h\033[?7l")  # a screen of its own (the session's comes back), no line wraps
             while True:
                 shown = narrowed(rows, words)
                 at = max(0, min(at, len(shown) - 1))
                 if not keys:
+                    if recbreak(fd, saved) or not drawn:  # at first, and drawn anew after Ctrl-Z and fg
+                        out.write("\033[?1049h\033[?7l")  # a screen of its own (the session's comes back), no wraps
+                        drawn = ""
                     with contextlib.suppress(OSError):
                         size = tuple(os.get_terminal_size(out.fileno()))
                     head = f"{question} ({len(shown)}/{len(rows)}; type to narrow, ↑↓, Enter, Esc): {words}"

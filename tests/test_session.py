@@ -849,3 +849,55 @@ def test_the_resume_picker_shows_control_characters_of_old_prompts_escaped(serve
     assert "evil \\x1b[2J\\x1b]0;owned\\x07 end" in rows[1] and "\x1b]0;" not in term.transcript
     term.send("\x1b")
     term.expect("nothing was chosen")
+
+
+def cooked(term) -> int:
+    """What a shell does to the session's terminal at Ctrl-Z and fg: line editing and echo back on, its lines on the
+    screen; the terminal's other end, for a look at its modes."""
+    import termios
+    tty = os.open(f"/proc/{term.proc.pid}/fd/2", os.O_RDWR | os.O_NOCTTY)
+    attrs = termios.tcgetattr(tty)
+    termios.tcsetattr(tty, termios.TCSANOW, [*attrs[:3], attrs[3] | termios.ICANON | termios.ECHO, *attrs[4:]])
+    os.write(tty, b"\r\n[1]+  Stopped   solo\r\n$ fg\r\n")
+    return tty
+
+
+def test_the_picker_and_a_turn_take_the_terminal_back_after_ctrl_z_and_fg(serve, terminal, workspace, run):
+    import termios
+    release = threading.Event()
+
+    def model(body):
+        if user_turns(body)[-1] == "tell me":
+            return Stream([{"choices": [{"index": 0, "delta": {"content": "first line\n"}}]}, lambda: release.wait(20),
+                           {"choices": [{"index": 0, "delta": {"content": "never"}, "finish_reason": "stop"}]}])
+        return reply("answered")
+
+    server = serve(model)
+    home = {"SOLO_HOME": str(workspace.parent / "solo-home")}
+    for fruit in ("apples", "plums"):
+        assert run(["-p", f"about {fruit}"], cwd=workspace, base_url=server.url, env=home).code == 0
+    term = terminal(server, term="xterm", env={**os.environ, "OPENROUTER_BASE_URL": server.url,
+                                               "OPENROUTER_API_KEY": "k", **home})
+    term.send("/resume\r")
+    head = "Resume which (2/2; type to narrow, ↑↓, Enter, Esc): "
+    picker(term, head)
+    tty = cooked(term)
+    term.expect(r"\$ fg\r+\n")
+    assert picker(term, head)[1].endswith("about plums")  # drawn again over the shell's lines, keys one by one
+    term.send("app")
+    assert picker(term, head.replace("2/2", "1/2") + "app")[1].endswith("about apples")
+    term.send("\r")
+    term.expect(r"resumed [0-9a-f-]+: 3 messages")
+    term.expect(DRAWN_PROMPT)
+    term.send("tell me\r")
+    term.expect("first line")
+    cooked(term)
+    deadline = time.monotonic() + 10
+    while termios.tcgetattr(tty)[3] & termios.ICANON:  # the turn's key reader puts its modes back
+        assert time.monotonic() < deadline, "the turn left the terminal to line editing"
+        time.sleep(0.02)
+    term.send("\x1b")  # Esc interrupts at once again, no Enter needed
+    term.expect("cancelled")
+    term.expect(DRAWN_PROMPT)
+    release.set()
+    os.close(tty)
