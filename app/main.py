@@ -315,16 +315,17 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, so a child started inside is never orphaned."""
+def signals_held() -> Iterator[list[int]]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, so a child started inside is never orphaned; the
+    block sees the ones held."""
     caught: list[int] = []
     try:
         saved = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in STOP_SIGNALS}
     except ValueError:  # not the main thread, which is where signals are handled
-        yield
+        yield caught
         return
     try:
-        yield
+        yield caught
     finally:
         for sig, handler in saved.items():
             while handler is not None and signal.getsignal(sig) is not handler:  # a signal landing here must not
@@ -6905,6 +6906,16 @@ def cbreak(attrs: list) -> list:
     return [*attrs[:3], attrs[3] & ~(termios.ICANON | termios.ECHO), *attrs[4:]]
 
 
+def recbreak(fd: int, saved: list) -> bool:
+    """Put a terminal back in cbreak mode if a shell took it out (Ctrl-Z, then fg: its own modes); whether it did."""
+    import termios
+    with contextlib.suppress(termios.error):
+        if termios.tcgetattr(fd)[3] & (termios.ICANON | termios.ECHO):
+            termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))
+            return True
+    return False
+
+
 def read_keys(fd: int, decoder: codecs.IncrementalDecoder) -> list[str]:
     """The keys waiting on a terminal, an escape sequence as one key; a lone Esc last waits 50 ms for more."""
     if not (chunk := os.read(fd, 1024)):
@@ -6915,8 +6926,9 @@ def read_keys(fd: int, decoder: codecs.IncrementalDecoder) -> list[str]:
     return re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1bO.|\x1b.?|.", data, re.DOTALL)
 
 
-def show_paged(text: str, pager: str, fd: int) -> str:
-    """Show text through the pager, which has the terminal (its keys, Ctrl-C too) until it quits; why it failed."""
+def show_paged(text: str, pager: str, fd: int, lent: Callable[[Any], None] = lambda child: None) -> str:
+    """Show text through the pager, which has the terminal (its keys, Ctrl-C too) until it quits (`lent` is told
+    of it); why it failed."""
     import shlex
     import tempfile
     try:
@@ -6929,6 +6941,7 @@ def show_paged(text: str, pager: str, fd: int) -> str:
             source.seek(0)
             child = subprocess.Popen(shlex.split(pager), stdin=source, stdout=fd,
                                      process_group=0 if ours else None)
+        lent(child)
     except (OSError, ValueError) as error:
         return f"cannot run the pager {pager!r}: {getattr(error, 'strerror', None) or error}"
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})  # taking the terminal back stops no one
@@ -6967,8 +6980,8 @@ def todo_lines(todos: list[dict], limit: int) -> list[str]:
     first = next((i for i, todo in enumerate(todos) if todo["status"] != "completed"), len(todos))
     start = max(0, min(first - 1, len(todos) - limit))
     rest = len(todos) - start - limit
-    return [f"… {start} completed"] * bool(start) + [one_line(visible(line), 500) for line in (checklist(
-        todos[start: start + limit]) or "(no items)").split("\n")] + [f"… +{rest} more"] * (rest > 0)
+    return [f"… {start} completed"] * bool(start) + ([one_line(visible(checklist([todo])), 500) for todo in todos[
+        start: start + limit]] or ["(no items)"]) + [f"… +{rest} more"] * (rest > 0)  # a line an item, breaks and all
 
 
 @functools.cache
@@ -7061,9 +7074,8 @@ def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> st
 
 
 def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
-    """The file a Write, Edit or NotebookEdit names, whether it exists, and its bytes (None when unreadable or too
-    large)."""
-    path = Path(cwd, os.path.expanduser(str(args.get("file_path", args.get("notebook_path", "")))))
+    """The file a Write or Edit names, whether it exists, and its bytes (None when unreadable or too large)."""
+    path = Path(cwd, os.path.expanduser(str(args.get("file_path", ""))))
     with contextlib.suppress(OSError):
         if path.is_file() and path.stat().st_size <= CHECKPOINT_BYTES:
             return path, True, path.read_bytes()
@@ -7271,8 +7283,12 @@ class Keys:
     """The terminal during a turn, read by a thread: Esc interrupts, Ctrl-O pages the last result, other keys wait
     for the next prompt."""
 
-    def __init__(self, fd: int | None, display: Display, expand: Callable[[], None]):
+    def __init__(self, fd: int | None, display: Display, expand: Callable[..., None]):
         self.fd, self.display, self.expand, self.kept, self.thread, self.saved = fd, display, expand, "", None, None
+        self.pager: subprocess.Popen | None = None  # the last pager lent the terminal: ended if solo is stopped
+        for sig in (signal.SIGTERM, signal.SIGHUP) if fd is not None else ():  # at once: what unwinds may wait for it
+            if callable(then := signal.getsignal(sig)):
+                signal.signal(sig, lambda signum, frame, then=then: (self.end_pager(signum), then(signum, frame)))
         self.wake = os.pipe() if fd is not None else (-1, -1)
 
     def start(self) -> None:
@@ -7290,9 +7306,10 @@ class Keys:
         import termios
         if not (thread := self.thread):
             return False
-        with signals_held():
+        with signals_held() as caught:
             os.write(self.wake[1], b".")
-            thread.join()
+            while thread.join(0.1) or thread.is_alive():  # a pager may have the terminal: a stop signal ends it
+                self.end_pager(caught[0]) if caught else None
             os.read(self.wake[0], 1)
             self.thread = None
             with contextlib.suppress(termios.error):
@@ -7314,6 +7331,7 @@ class Keys:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         while True:
             if not (ready := select.select([self.fd, self.wake[0]], [], [], 0.1)[0]):
+                recbreak(self.fd, self.saved)
                 self.display.draw()
                 continue
             if self.wake[0] in ready:
@@ -7330,6 +7348,12 @@ class Keys:
                 self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + "\n" if key in "\r\n" \
                     else self.kept + key if key.isprintable() else self.kept
 
+    def end_pager(self, signum: int) -> None:
+        """Send a stop signal to the pager that has the terminal, if one has it."""
+        if self.pager and self.pager.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pager.pid, signum)
+
     def lend(self) -> None:
         """The terminal as it was before the turn, for the pager, while the turn's display waits (the turn goes on
         meanwhile; what it shows comes after); nothing if the turn stops reading first."""
@@ -7340,7 +7364,7 @@ class Keys:
         try:
             with contextlib.suppress(termios.error):
                 termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
-            self.expand()
+            self.expand(functools.partial(setattr, self, "pager"))
         finally:
             with contextlib.suppress(termios.error):
                 termios.tcsetattr(self.fd, termios.TCSANOW, cbreak(self.saved))
@@ -7435,8 +7459,9 @@ class Session:
         """An event of the agent's, shown; before a Write, Edit or NotebookEdit, the file as it was is kept (a
         checkpoint)."""
         if event["type"] == "tool_call" and event["name"] in ("Write", "Edit", "NotebookEdit"):
-            with contextlib.suppress(ValueError):
-                self.checkpoint(parse_arguments(event["arguments"]))
+            with contextlib.suppress(ValueError):  # the file the tool takes, whatever else the call says
+                self.checkpoint({"file_path": parse_arguments(event["arguments"]).get(
+                    "notebook_path" if event["name"] == "NotebookEdit" else "file_path", "")})
         self.display(event)
 
     def checkpoint(self, args: dict) -> None:
@@ -7763,8 +7788,9 @@ class Session:
                 f.write("\n" * (old[-1:] not in ("", "\n")) + text + "\n")
             self.reporter.say(f"added to {path}; it is read at the start of the next session")
 
-    def expand(self) -> None:
-        """The last tool result whole, through the pager ($PAGER, or less -R); shown here if that cannot start."""
+    def expand(self, lent: Callable[[Any], None] = lambda child: None) -> None:
+        """The last tool result whole, through the pager ($PAGER, or less -R; `lent` is told of it); shown here if
+        that cannot start."""
         with self.display.lock:
             if not self.display.last:
                 return self.reporter.say("no tool has run yet")
@@ -7773,7 +7799,7 @@ class Session:
                 self.streams.stdout.flush()
                 self.streams.stderr.flush()
             text, pager = visible(self.display.last) + "\n", self.env.get("PAGER", "").strip() or "less -R"
-            if failed := show_paged(text, pager, self.streams.stderr.fileno()):
+            if failed := show_paged(text, pager, self.streams.stderr.fileno(), lent):
                 self.reporter.say(failed)
                 if failed.startswith("cannot"):
                     self.display.put(text)
@@ -7815,12 +7841,13 @@ class Session:
         fd, out, words, at, keys, drawn = self.keys.fd, self.streams.stderr, "", 0, deque(), ""
         decoder, size, saved = codecs.getincrementaldecoder("utf-8")(errors="ignore"), (80, 24), termios.tcgetattr(fd)
         try:
-            termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))
-            out.write("\033[?1049h\033[?7l")  # a screen of its own (the session's comes back), no line wraps
             while True:
                 shown = narrowed(rows, words)
                 at = max(0, min(at, len(shown) - 1))
                 if not keys:
+                    if recbreak(fd, saved) or not drawn:  # at first, and drawn anew after Ctrl-Z and fg
+                        out.write("\033[?1049h\033[?7l")  # a screen of its own (the session's comes back), no wraps
+                        drawn = ""
                     with contextlib.suppress(OSError):
                         size = tuple(os.get_terminal_size(out.fileno()))
                     head = f"{question} ({len(shown)}/{len(rows)}; type to narrow, ↑↓, Enter, Esc): {words}"
@@ -7873,13 +7900,15 @@ class Session:
 
     def restore(self, index: int) -> None:
         """Put back the files Write, Edit and NotebookEdit changed since prompt `index`, as they were before it (a
-        symlink put in a file's place is replaced, never followed)."""
+        symlink put in a file's place is replaced, never followed, nor one in its folder's)."""
         kept: dict[str, dict] = {}
         for checkpoint in self.checkpoints:
             kept.setdefault(checkpoint["path"], checkpoint) if checkpoint["prompt"] >= index else None
         missed = {path: "too large to keep" for path, c in kept.items() if c["exists"] and c["bytes"] is None}
         for path, c in kept.items():
             try:
+                if os.path.realpath(folder := os.path.dirname(path)) != folder:  # a real path once: never followed out
+                    raise OSError(f"a symlink is in the place of {folder}")
                 if not c["exists"] and os.path.lexists(path):
                     os.unlink(path)
                 elif c["bytes"] is not None:
@@ -7898,7 +7927,7 @@ class Session:
         sessions, current = Sessions(self.agent.cfg), self.agent.cfg.session_id
         found = sorted(((path, *read_record(path)[:3]) for path in sessions.recent(asked=True) if path.stem != current),
                        key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
-        rows = [sessions.describe(path) + (f" … {last}" if last != first else "") +
+        rows = [visible(sessions.describe(path) + (f" … {last}" if last != first else "")) +
                 " (ended without an answer)" * failed for path, first, last, failed in found]
         path, messages = found[self.pick(rows, "Resume which")][0], self.messages
         self.agent.use_session(path.stem)

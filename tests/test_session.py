@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -525,7 +526,7 @@ def test_rewind_restores_notebooks_byte_for_byte_after_a_resume_even_deleted_or_
         prompt = user_turns(body)[-1]
         edit = {"cell_id": "c1", "new_source": f"x = '{prompt}'"}
         calls = {"one": [call("NotebookEdit", {"notebook_path": "nb.ipynb", **edit}),
-                         call("NotebookEdit", {"notebook_path": "gone.ipynb", **edit}),
+                         call("NotebookEdit", {"notebook_path": "gone.ipynb", "file_path": "decoy.txt", **edit}),
                          call("Write", {"file_path": "new.ipynb", "content": original}),
                          call("NotebookEdit", {"notebook_path": "new.ipynb", **edit})],
                  "two": [call("NotebookEdit", {"notebook_path": "nb.ipynb", **edit})]}
@@ -571,6 +572,23 @@ def test_rewind_says_which_files_it_could_not_put_back(tmp_path):
     assert said == [(f"restored: {tmp_path}/made; not restored: {tmp_path}/big (too large to keep), {tmp_path}/"
                      "now-a-folder (Is a directory). Files changed by commands (Bash) are not tracked and were not "
                      "restored.")]
+
+
+def test_rewind_never_writes_through_a_folder_put_in_a_symlink_s_place(tmp_path):
+    """A checkpoint names a file by its real path: a folder of it that is now a symlink (a command can make one where
+    the sandbox lets no file be written) is not followed out of the project."""
+    said: list[str] = []
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "sub").symlink_to(tmp_path / "outside")
+    session = type("S", (), {"reporter": type("R", (), {"say": staticmethod(said.append)})(), "checkpoints": [
+        {"prompt": 1, "path": str(tmp_path / "project" / "sub" / "keys"), "exists": True, "bytes": "planted"},
+        {"prompt": 1, "path": str(tmp_path / "project" / "sub" / "made"), "exists": False, "bytes": None}]})()
+    (tmp_path / "outside" / "made").write_text("theirs")
+    agent.Session.restore(session, 0)
+    assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == ["made"]
+    assert (tmp_path / "outside" / "made").read_text() == "theirs"
+    assert said[0].startswith("restored: no file; not restored: ") and "a symlink is in the place of" in said[0]
 
 
 def test_the_resume_picker_hides_this_session_puts_failed_runs_last_and_filters(serve, terminal, workspace, run):
@@ -775,3 +793,111 @@ def test_ctrl_o_at_a_question_shows_the_last_result_whole_then_asks_again(serve,
     term.send("y\r")
     shown = term.expect("done: ran")
     assert float(re.search(r"⎿ ran\x1b\[90m \((\d+\.\d) s\)", shown).group(1)) < 1.2  # the pager's time is not the tool's
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["the-reply-waiting", "the-last-text-waiting"])
+def test_a_terminal_closed_while_the_pager_has_it_ends_the_pager_and_the_session(serve, terminal, tmp_path, ended):
+    """SIGHUP (the terminal closed) while Ctrl-O's pager is open ends the pager too, though it ignores its terminal
+    (`more` spins on a hung-up one): the session does not wait for it."""
+    (tmp_path / "pager").write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid\ncat\necho paging\nexec sleep 60\n")
+    (tmp_path / "pager").chmod(0o755)
+    release, sent = threading.Event(), threading.Event()
+
+    def model(body):
+        if body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=[call("Bash", {"command": "seq 1 30"})])
+        return Stream([{"choices": [{"index": 0, "delta": {"content": "while the pager\n"}}]}, lambda: release.wait(20),
+                       {"choices": [{"index": 0, "delta": {"content": "the end"}, "finish_reason": "stop"}]},
+                       lambda: sent.set()])
+
+    server = serve(model)
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": str(tmp_path / "pager")}
+    term = terminal(server, "--yes", term="xterm", env=env)
+    term.send("go\r")
+    term.expect("while the pager")
+    term.send("\x0f")
+    term.expect("paging")
+    if ended:  # the reply is in: the turn waits to show it
+        release.set()
+        assert sent.wait(10)
+    os.kill(term.proc.pid, signal.SIGHUP)
+    assert term.proc.wait(10) == 129
+    pid, deadline = (tmp_path / "pid").read_text().strip(), time.monotonic() + 10
+    while running(pid):
+        assert time.monotonic() < deadline, "the pager outlived the session"
+        time.sleep(0.05)
+
+
+def running(pid: str) -> bool:
+    """Whether a process is alive (not gone, not a zombie)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_the_resume_picker_shows_control_characters_of_old_prompts_escaped(serve, terminal, workspace, run):
+    server = serve(lambda body: reply("answered"))
+    home = {"SOLO_HOME": str(workspace.parent / "solo-home")}
+    evil = "evil \x1b[2J\x1b]0;owned\x07 end"
+    for prompt in ("first", "second", evil):  # an old prompt with a screen clear and a title in it (a paste, stdin)
+        assert run(["-p", prompt], cwd=workspace, base_url=server.url, env=home).code == 0
+    term = terminal(server, term="xterm", env={**os.environ, "OPENROUTER_BASE_URL": server.url,
+                                               "OPENROUTER_API_KEY": "k", **home})
+    term.send("/resume\r")
+    rows = picker(term, "Resume which (3/3")
+    assert "evil \\x1b[2J\\x1b]0;owned\\x07 end" in rows[1] and "\x1b]0;" not in term.transcript
+    term.send("\x1b")
+    term.expect("nothing was chosen")
+
+
+def cooked(term) -> int:
+    """What a shell does to the session's terminal at Ctrl-Z and fg: line editing and echo back on, its lines on the
+    screen; the terminal's other end, for a look at its modes."""
+    import termios
+    tty = os.open(f"/proc/{term.proc.pid}/fd/2", os.O_RDWR | os.O_NOCTTY)
+    attrs = termios.tcgetattr(tty)
+    termios.tcsetattr(tty, termios.TCSANOW, [*attrs[:3], attrs[3] | termios.ICANON | termios.ECHO, *attrs[4:]])
+    os.write(tty, b"\r\n[1]+  Stopped   solo\r\n$ fg\r\n")
+    return tty
+
+
+def test_the_picker_and_a_turn_take_the_terminal_back_after_ctrl_z_and_fg(serve, terminal, workspace, run):
+    import termios
+    release = threading.Event()
+
+    def model(body):
+        if user_turns(body)[-1] == "tell me":
+            return Stream([{"choices": [{"index": 0, "delta": {"content": "first line\n"}}]}, lambda: release.wait(20),
+                           {"choices": [{"index": 0, "delta": {"content": "never"}, "finish_reason": "stop"}]}])
+        return reply("answered")
+
+    server = serve(model)
+    home = {"SOLO_HOME": str(workspace.parent / "solo-home")}
+    for fruit in ("apples", "plums"):
+        assert run(["-p", f"about {fruit}"], cwd=workspace, base_url=server.url, env=home).code == 0
+    term = terminal(server, term="xterm", env={**os.environ, "OPENROUTER_BASE_URL": server.url,
+                                               "OPENROUTER_API_KEY": "k", **home})
+    term.send("/resume\r")
+    head = "Resume which (2/2; type to narrow, ↑↓, Enter, Esc): "
+    picker(term, head)
+    tty = cooked(term)
+    term.expect(r"\$ fg\r+\n")
+    assert picker(term, head)[1].endswith("about plums")  # drawn again over the shell's lines, keys one by one
+    term.send("app")
+    assert picker(term, head.replace("2/2", "1/2") + "app")[1].endswith("about apples")
+    term.send("\r")
+    term.expect(r"resumed [0-9a-f-]+: 3 messages")
+    term.expect(DRAWN_PROMPT)
+    term.send("tell me\r")
+    term.expect("first line")
+    cooked(term)
+    deadline = time.monotonic() + 10
+    while termios.tcgetattr(tty)[3] & termios.ICANON:  # the turn's key reader puts its modes back
+        assert time.monotonic() < deadline, "the turn left the terminal to line editing"
+        time.sleep(0.02)
+    term.send("\x1b")  # Esc interrupts at once again, no Enter needed
+    term.expect("cancelled")
+    term.expect(DRAWN_PROMPT)
+    release.set()
+    os.close(tty)

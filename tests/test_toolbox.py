@@ -635,6 +635,9 @@ def test_the_drawn_list_is_bounded_made_visible_and_its_rows_counted():
     assert lines[0] == "… 149 completed" and lines[-1] == "… +46 more" and len(lines) == 7
     assert lines[2].startswith("[>] doing \\x1b[2Jyyy") and len(lines[2]) == 500 and "\x1b" not in "".join(lines)
     assert agent.todo_lines([], 5) == ["(no items)"]
+    many = [{"content": "first\n" * 1000, "status": "pending", "activeForm": "x"},
+            {"content": "fake\n[>] item\r\n", "status": "completed", "activeForm": "x"}]  # line breaks: one line each
+    assert agent.todo_lines(many, 5) == ["[ ] " + " ".join(["first"] * 1000)[:493] + "...", "[x] fake [>] item\\r"]
     assert [agent.rows_of(text, 10) for text in ("", "x" * 10, "x" * 11, "\033[1mbold\033[0m", "漢字" * 3)] == \
         [1, 1, 2, 1, 2]
 
