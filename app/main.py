@@ -6035,18 +6035,8 @@ def sdk_mode(argv: list[str]) -> bool:
         a == "--input-format" and b == "stream-json" for a, b in zip(argv, argv[1:]))
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The options. -p/--print is a flag and the prompt an argument, but `-p VALUE` is taken whole when the value
-    does not start with '--' (so `-p "-x y"` is a prompt). In SDK mode unknown flags are kept in `unknown`."""
-    at = next((i for i, arg in enumerate(argv[:-1]) if arg in ("-p", "--print")), -1)
-    if at >= 0 and not argv[at + 1].startswith("--"):
-        argv = [*argv[:at], "--print", f"--print-prompt={argv[at + 1]}", *argv[at + 2:]]
-    argv = [f"--print-prompt={a[8:]}" if a.startswith("--print=") else a for a in argv]
-    parser = Parser(prog="solo", formatter_class=argparse.RawDescriptionHelpFormatter,
-                    description="solo: a coding agent in one file. With -p it answers one prompt; with piped "
-                                "stdin the text is the prompt (or, with -p, its context); on a terminal it "
-                                "starts a session.", epilog=help_epilog())
-    add = parser.add_argument
+def add_prompt_options(add: Callable[..., Any]) -> None:
+    """The options of the prompt, its output, the model and the system prompt."""
     add("prompt_arg", nargs="?", metavar="PROMPT", help="the prompt (with -p: answer it and exit; else: a session's "
         "first prompt)")
     add("-p", "--print", dest="print_mode", action="store_true", help="answer the prompt and exit")
@@ -6074,6 +6064,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--max-thinking-tokens", metavar="N", type=int, help="reasoning tokens the model may spend (0: none)")
     add("--thinking", choices=("adaptive", "enabled", "disabled"), help="whether the model reasons")
     add("--effort", choices=("minimal", "low", "medium", "high", "xhigh", "max"), help="how hard the model reasons")
+
+
+def add_run_options(add: Callable[..., Any]) -> None:
+    """The options of the SDK's protocol, sessions, MCP servers, permissions, the sandbox and settings."""
     add("--permission-prompt-tool", metavar="NAME", help="stdio: ask the Agent SDK's can_use_tool callback")
     add("--include-hook-events", action="store_true", help="stream-json: a line as each hook starts and answers")
     add("--replay-user-messages", action="store_true", help="stream-json: echo each prompt read on stdin")
@@ -6105,6 +6099,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--settings", metavar="FILE_OR_JSON", help="one more settings file (Claude Code's format), read last")
     add("--setting-sources", metavar="LIST", help="which settings files to read: user,project,local (default all)")
     add("--version", action="store_true", help="print the version and exit")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options. -p/--print is a flag and the prompt an argument, but `-p VALUE` is taken whole when the value
+    does not start with '--' (so `-p "-x y"` is a prompt). In SDK mode unknown flags are kept in `unknown`."""
+    at = next((i for i, arg in enumerate(argv[:-1]) if arg in ("-p", "--print")), -1)
+    if at >= 0 and not argv[at + 1].startswith("--"):
+        argv = [*argv[:at], "--print", f"--print-prompt={argv[at + 1]}", *argv[at + 2:]]
+    argv = [f"--print-prompt={a[8:]}" if a.startswith("--print=") else a for a in argv]
+    parser = Parser(prog="solo", formatter_class=argparse.RawDescriptionHelpFormatter,
+                    description="solo: a coding agent in one file. With -p it answers one prompt; with piped "
+                                "stdin the text is the prompt (or, with -p, its context); on a terminal it "
+                                "starts a session.", epilog=help_epilog())
+    add_prompt_options(parser.add_argument)
+    add_run_options(parser.add_argument)
     if not sdk_mode(argv):
         args = parser.parse_args(argv)
         args.unknown = []
@@ -6675,7 +6684,24 @@ class Reporter:
                 self.show(text)  # a whole reply's text before its tool calls, where a streamed one has shown it
             self.answered, self.streamed = self.streamed, False
             self.end_line()
-        elif kind == "notice":
+        else:
+            self.tell(event)
+        if kind == "tool_result" and event["denied"]:
+            with contextlib.suppress(ValueError):
+                self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"],
+                                     "tool_input": parse_arguments(event["arguments"])})
+        if kind == "tool_result" and self.cfg.verbose and not self.interactive:  # a session draws its own
+            outcome = "error" if event["is_error"] else "ok"
+            who = f"[{event['agent']}] " if event.get("agent") else ""
+            self.say(f"{who}{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
+                     f"{len(event['content'])} chars, {event['seconds']:.2f} s")
+        if self.claude and not event.get("agent"):  # a sub-agent's events are its caller's tool call
+            self.claude.take(event)
+
+    def tell(self, event: dict) -> None:
+        """Say what a notice, a compaction or a retry tells, and with --verbose a hook's answer or a server's log."""
+        kind = event["type"]
+        if kind == "notice":
             self.say(event["text"])
         elif kind == "hook_response" and self.cfg.verbose:
             self.say(f"hook {event['hook_name']} ({one_line(event['command'], 60)}) -> exit {event['exit_code']}"
@@ -6690,17 +6716,6 @@ class Reporter:
             self.streamed = False
             self.say(f"retrying in {event['retry_delay_ms'] / 1000:.1f} s (attempt {event['attempt'] + 1}/"
                      f"{event['max_retries'] + 1}): {event['message']}{cut}")
-        if kind == "tool_result" and event["denied"]:
-            with contextlib.suppress(ValueError):
-                self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"],
-                                     "tool_input": parse_arguments(event["arguments"])})
-        if kind == "tool_result" and self.cfg.verbose and not self.interactive:  # a session draws its own
-            outcome = "error" if event["is_error"] else "ok"
-            who = f"[{event['agent']}] " if event.get("agent") else ""
-            self.say(f"{who}{event['name']}({one_line(event['arguments'], 80)}) -> {outcome}, "
-                     f"{len(event['content'])} chars, {event['seconds']:.2f} s")
-        if self.claude and not event.get("agent"):  # a sub-agent's events are its caller's tool call
-            self.claude.take(event)
 
     def delta(self, delta: dict) -> None:
         """A piece of a streamed reply: its text shows at once in a session, and as stream_event lines."""
@@ -7650,69 +7665,19 @@ class Session:
     def command(self, line: str) -> bool:
         """Handle a /command, a !command or a #note; False when the line is a prompt."""
         word, _, rest = line.partition(" ")
-        messages, agent, say = self.messages, self.agent, self.reporter.say
+        say, rest = self.reporter.say, rest.strip()
+        commands = {"/help": self.help, "/clear": self.clear, "/permissions": self.show_permissions,
+                    "/cost": lambda: say(self.agent.usage.line()), "/model": lambda: self.switch_model(rest),
+                    "/compact": lambda: self.compact(rest), "/mode": lambda: self.switch_mode(rest),
+                    "/mcp": self.show_servers, "/trust": self.forget_trust, "/sessions": self.show_sessions,
+                    "/resume": self.resume_picked, "/agents": self.show_agents, "/bashes": self.show_shells,
+                    "/rewind": self.rewind, "/expand": self.expand}
         if line.startswith("!"):
             self.run_command(line[1:].strip())
         elif line.startswith("#"):
             self.remember(line[1:].strip())
-        elif word == "/help":
-            self.help()
-        elif word == "/clear":
-            del messages[1:]
-            self.checkpoints = []  # as the transcript's reader will see it
-            say("started a new conversation")
-            agent.start_session("clear")
-        elif word == "/permissions":
-            self.show_permissions()
-        elif word == "/cost":
-            say(agent.usage.line())
-        elif word == "/model":
-            if rest.strip():
-                model = model_id(rest)
-                agent.model.check_model(model)
-                agent.cfg = agent.cfg._replace(model=model)
-                messages.note({"type": "model", "model": agent.cfg.model})
-            say(f"model: {agent.cfg.model}")
-        elif word == "/compact":
-            if not agent.compactor.compact(agent.cfg, messages, estimate_tokens(messages), "manual", rest.strip()):
-                say("the conversation was not compacted")
-        elif word == "/mode":
-            if rest.strip() not in (*PERMISSION_MODES, ""):
-                raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
-            agent.cfg = agent.cfg._replace(permission_mode=rest.strip() or agent.cfg.permission_mode)
-            say(f"permission mode: {agent.cfg.permission_mode}")
-        elif word == "/mcp":
-            for server in agent.servers or []:
-                count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
-                why = f" ({server.error})" if server.error else ""
-                say(f"{server.name}: {server.state}{why}, {count} tools")
-            for name in agent.trust.skipped:
-                say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
-            if not agent.servers and not agent.trust.skipped:
-                say("no MCP servers are configured (.mcp.json, --mcp-config)")
-        elif word == "/trust":
-            forget(agent.cfg.solo_home, agent.cfg.cwd)
-            say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and settings: the "
-                "next session here asks again")
-        elif word == "/sessions":
-            sessions = Sessions(agent.cfg)
-            for path in itertools.islice(sessions.recent(), 10):
-                say(("* " if path.stem == agent.cfg.session_id else "  ") + sessions.describe(path))
-        elif word == "/resume":
-            self.resume_picked()
-        elif word == "/agents":
-            for kind in agent.agent_types.values():
-                self.reporter.say(f"{kind.name}: {kind.description}" + (f" (tools: {', '.join(kind.tools)})"
-                                                                         if kind.tools is not None else ""))
-        elif word == "/bashes":
-            for shell_id, shell in agent.shells.shells.items():
-                self.reporter.say(f"{shell_id} ({shell.state()}): {visible(one_line(shell.command, 200))}")
-            if not agent.shells.shells:
-                self.reporter.say("no background shells")
-        elif word == "/rewind":
-            self.rewind()
-        elif word == "/expand":
-            self.expand()
+        elif word in commands:
+            commands[word]()
         elif re.fullmatch(r"/[\w.:-]+", word) and word not in self.command_names():
             import difflib
             close = difflib.get_close_matches(word, self.command_names(), n=3, cutoff=0.6)
@@ -7720,6 +7685,74 @@ class Session:
         else:
             return False
         return True
+
+    def clear(self) -> None:
+        """/clear: a new conversation."""
+        del self.messages[1:]
+        self.checkpoints = []  # as the transcript's reader will see it
+        self.reporter.say("started a new conversation")
+        self.agent.start_session("clear")
+
+    def switch_model(self, name: str) -> None:
+        """/model [NAME]: the model, switched to NAME."""
+        agent = self.agent
+        if name:
+            model = model_id(name)
+            agent.model.check_model(model)
+            agent.cfg = agent.cfg._replace(model=model)
+            self.messages.note({"type": "model", "model": agent.cfg.model})
+        self.reporter.say(f"model: {agent.cfg.model}")
+
+    def compact(self, instructions: str) -> None:
+        """/compact [INSTRUCTIONS]: compact the conversation now."""
+        agent, messages = self.agent, self.messages
+        if not agent.compactor.compact(agent.cfg, messages, estimate_tokens(messages), "manual", instructions):
+            self.reporter.say("the conversation was not compacted")
+
+    def switch_mode(self, mode: str) -> None:
+        """/mode [MODE]: the permission mode, switched to MODE."""
+        if mode not in (*PERMISSION_MODES, ""):
+            raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
+        self.agent.cfg = self.agent.cfg._replace(permission_mode=mode or self.agent.cfg.permission_mode)
+        self.reporter.say(f"permission mode: {self.agent.cfg.permission_mode}")
+
+    def show_servers(self) -> None:
+        """/mcp: each MCP server, its state and tools; the project's servers not approved."""
+        agent, say = self.agent, self.reporter.say
+        for server in agent.servers or []:
+            count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
+            why = f" ({server.error})" if server.error else ""
+            say(f"{server.name}: {server.state}{why}, {count} tools")
+        for name in agent.trust.skipped:
+            say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
+        if not agent.servers and not agent.trust.skipped:
+            say("no MCP servers are configured (.mcp.json, --mcp-config)")
+
+    def forget_trust(self) -> None:
+        """/trust: forget the answers about this folder, so the next session asks again."""
+        forget(self.agent.cfg.solo_home, self.agent.cfg.cwd)
+        self.reporter.say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and settings: "
+                          "the next session here asks again")
+
+    def show_sessions(self) -> None:
+        """/sessions: the last ten of this folder, this one marked."""
+        sessions = Sessions(self.agent.cfg)
+        for path in itertools.islice(sessions.recent(), 10):
+            self.reporter.say(("* " if path.stem == self.agent.cfg.session_id else "  ") + sessions.describe(path))
+
+    def show_agents(self) -> None:
+        """/agents: the sub-agent types."""
+        for kind in self.agent.agent_types.values():
+            self.reporter.say(f"{kind.name}: {kind.description}" + (f" (tools: {', '.join(kind.tools)})"
+                                                                     if kind.tools is not None else ""))
+
+    def show_shells(self) -> None:
+        """/bashes: the background shells and their states."""
+        shells = self.agent.shells.shells
+        for shell_id, shell in shells.items():
+            self.reporter.say(f"{shell_id} ({shell.state()}): {visible(one_line(shell.command, 200))}")
+        if not shells:
+            self.reporter.say("no background shells")
 
     def pasted_images(self, line: str) -> list[dict]:
         """Image parts for the words of a prompt that are paths of image files (a drag and drop pastes one)."""
@@ -7986,41 +8019,56 @@ class Session:
                 continue
             if line in ("/exit", "/quit"):
                 return EXIT_OK
-            granted: list[Rule] = []
-            try:
-                if not line or self.command(line):
-                    continue
-                command = self.agent.commands.get(line[1:].partition(" ")[0]) if line.startswith("/") else None
-                granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
-                                             for text in command.allowed) if isinstance(rule, Rule)] if command else []
-                self.agent.rules["allow"] += granted  # for this prompt only, its !`lines` included
-                prompt, command = self.prompt_for(line)
-            except (AgentError, ToolError, KeyboardInterrupt, EOFError, OSError) as error:  # nothing changes
-                self.agent.rules["allow"] = [r for r in self.agent.rules["allow"] if all(r is not g for g in granted)]
-                self.reporter.say("cancelled" if isinstance(error, (KeyboardInterrupt, EOFError)) else str(error))
-                continue
-            messages, model = self.messages, self.agent.cfg.model
-            self.mark, compactions, interrupted = len(messages), messages.compactions, 0.0
-            self.agent.cfg = self.agent.cfg._replace(model=command.model if command and command.model else model)
-            try:
-                with self.keys.reading():
-                    outcome = self.agent.ask(messages, prompt, images=self.pasted_images(line))
-            except (KeyboardInterrupt, Exception) as error:  # an unfinished turn leaves no trace; the session goes on
-                del messages[self.mark if messages.compactions == compactions else messages.floor:]
-                for checkpoint in [c for c in self.checkpoints if c["prompt"] >= len(messages)]:
-                    messages.note(checkpoint)  # what the cancelled turn changed stays undoable, after a resume too
-                self.display.end_turn()
-                self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
-                continue
-            finally:
-                self.agent.cfg = self.agent.cfg._replace(model=model)
-                self.agent.rules["allow"] = [r for r in self.agent.rules["allow"] if all(r is not g for g in granted)]
+            if ready := self.prepared(line):
+                interrupted = 0.0
+                self.run_turn(line, *ready)
+
+    def prepared(self, line: str) -> tuple[str, Command | None, list[Rule]] | None:
+        """A prompt line made ready: the prompt, the custom command it runs and the rules that grants for the turn;
+        None when the line was one of the session's commands, or failed (which is said: nothing changes)."""
+        granted: list[Rule] = []
+        try:
+            if not line or self.command(line):
+                return None
+            command = self.agent.commands.get(line[1:].partition(" ")[0]) if line.startswith("/") else None
+            granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
+                                         for text in command.allowed) if isinstance(rule, Rule)] if command else []
+            self.agent.rules["allow"] += granted  # for this prompt only, its !`lines` included
+            prompt, command = self.prompt_for(line)
+            return prompt, command, granted
+        except (AgentError, ToolError, KeyboardInterrupt, EOFError, OSError) as error:
+            self.revoke(granted)
+            self.reporter.say("cancelled" if isinstance(error, (KeyboardInterrupt, EOFError)) else str(error))
+            return None
+
+    def revoke(self, granted: list[Rule]) -> None:
+        """Take back the rules a custom command granted for its prompt."""
+        self.agent.rules["allow"] = [r for r in self.agent.rules["allow"] if all(r is not g for g in granted)]
+
+    def run_turn(self, line: str, prompt: str, command: Command | None, granted: list[Rule]) -> None:
+        """One prompt's turn, with the custom command's model; an unfinished turn leaves no trace."""
+        messages, model = self.messages, self.agent.cfg.model
+        self.mark, compactions = len(messages), messages.compactions
+        self.agent.cfg = self.agent.cfg._replace(model=command.model if command and command.model else model)
+        try:
+            with self.keys.reading():
+                outcome = self.agent.ask(messages, prompt, images=self.pasted_images(line))
+        except (KeyboardInterrupt, Exception) as error:  # the session goes on
+            del messages[self.mark if messages.compactions == compactions else messages.floor:]
+            for checkpoint in [c for c in self.checkpoints if c["prompt"] >= len(messages)]:
+                messages.note(checkpoint)  # what the cancelled turn changed stays undoable, after a resume too
             self.display.end_turn()
-            with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing
-                if outcome.subtype != "success":
-                    self.reporter.say(stopped_message(outcome))
-                elif not self.reporter.answered:  # a streamed answer is on the screen already
-                    self.reporter.answer(outcome.answer)
+            self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
+            return
+        finally:
+            self.agent.cfg = self.agent.cfg._replace(model=model)
+            self.revoke(granted)
+        self.display.end_turn()
+        with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing
+            if outcome.subtype != "success":
+                self.reporter.say(stopped_message(outcome))
+            elif not self.reporter.answered:  # a streamed answer is on the screen already
+                self.reporter.answer(outcome.answer)
 
 
 # --- SDK mode -------------------------------------------------------------------------------------
