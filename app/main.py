@@ -1460,7 +1460,7 @@ class ToolContext(NamedTuple):
     cwd: Path
     env: dict[str, str]
     skills: dict[str, Skill] = {}  # never mutated
-    confirm: Callable[..., str] | None = None  # (tool, args[, a hook's decision]): why it may not run ("": it may)
+    confirm: Callable[..., str] | None = None  # (tool, args[, a hook's decision, call id]): why it may not run
     fork: Callable[[str], str] | None = None  # runs a skill body as a sub-agent, returns its answer
     leftovers: Leftovers | None = None  # takes pipes that background processes hold; None: close them
     reads: dict | None = None  # the conversation's earlier full Reads: (path, offset, limit) -> file stamp
@@ -5558,7 +5558,7 @@ def admit(call: dict, tools: dict[str, Tool], ctx: ToolContext, hooks: Hooks | N
         except ToolError as error:
             return call, f"Error: {error} (in the input a PreToolUse hook gave)"
     asked = dict(kwargs)
-    why = ctx.confirm(tool.name, kwargs, verdict.decision) if ctx.confirm else ""
+    why = ctx.confirm(tool.name, kwargs, verdict.decision, call["id"]) if ctx.confirm else ""
     if not why and kwargs != asked:  # the Agent SDK's can_use_tool allowed it with another input
         call = {**call, "function": {**call["function"], "arguments": json.dumps(kwargs)}}
     return call, denial(why) if why else None
@@ -5729,7 +5729,7 @@ class Agent:
     sub-agents."""
 
     def __init__(self, cfg: Config, env: dict[str, str], emit: Callable[[dict], None], *,
-                 ask_user: Callable[[str, dict, tuple[str, ...]], str] | None = None,
+                 ask_user: Callable[[str, dict, tuple[str, ...], str], str] | None = None,
                  ask_trust: Callable[[str], bool | None] | None = None, sleep: Callable[[float], None] = time.sleep,
                  relay: Callable[[str, dict, float], dict] | None = None):
         self.emit, self.usage, self.transcript, self.ask_user, self.context = emit, Usage(), None, ask_user, []
@@ -5945,7 +5945,7 @@ class Agent:
         finally:
             self.turns += 1
 
-    def permit(self, tool: str, args: dict, hint: str = "") -> str:
+    def permit(self, tool: str, args: dict, hint: str = "", call_id: str = "") -> str:
         """Why a call may not run, by the rules (deny, then ask, then allow), the permission mode, a PreToolUse hook's
         decision (`hint`: allow skips the question, ask asks) or the user; "" when it may (a Denied answer, the SDK's
         can_use_tool refusing, is the call's whole result)."""
@@ -5969,7 +5969,7 @@ class Agent:
                                              "notification_type": "permission_prompt"}, "permission_prompt")
         proposals = () if kind == "ask" else proposed_rules(self.rules, tool, args)  # an ask rule asks every time
         with self.asking:  # sub-agents ask from their own threads: one question on the terminal at a time
-            answer = self.ask_user(tool, args, proposals)
+            answer = self.ask_user(tool, args, proposals, call_id)
         if answer in ("a", "s"):
             self.rules["allow"] += [r for r in (parse_rule(t, "this session", cfg.cwd) for t in proposals)
                                     if isinstance(r, Rule)]
@@ -6638,7 +6638,6 @@ class Reporter:
         """Start counting a prompt's turns, time, first token and denials (each prompt of SDK mode has its result)."""
         self.started, self.turns, self.api_seconds, self.stop_reason, self.denials = started, 0, 0.0, None, []
         self.ttft_ms, self.in_tools = None, False  # ms to the first byte of the first reply; a tool call is running
-        self.last_call = None  # the id of the last tool call started (the one a permission question is about)
 
     def say(self, text: str) -> None:
         """A line on stderr; a stderr that is gone costs nothing but the line."""
@@ -6676,7 +6675,6 @@ class Reporter:
                                              self.started) * 1000))
         elif kind in ("tool_call", "tool_result"):
             self.in_tools = kind == "tool_call"
-            self.last_call = event["id"] if self.in_tools else self.last_call
         if kind == "assistant":
             self.turns, self.stop_reason = self.turns + 1, event["finish_reason"]
             text = content_text(event["message"])
@@ -7629,7 +7627,7 @@ class Session:
                 continue
             question = again
 
-    def confirm(self, tool: str, args: dict, proposals: tuple[str, ...]) -> str:
+    def confirm(self, tool: str, args: dict, proposals: tuple[str, ...], call_id: str = "") -> str:
         """Ask before a call runs, showing it whole and the rules an `always` answer adds: y (once), n, a (this
         session), or s (and save them in .claude/settings.local.json: for commands and MCP tools); "n" for Ctrl-D."""
         what = describe_call(self.agent.cfg.cwd, tool, args, self.display.fancy)
@@ -8192,7 +8190,7 @@ class SdkRun:
     def run(self) -> int:
         """Answer prompts until stdin ends; the exit code is the last result's."""
         self.link.start()
-        ask = self.can_use_tool if self.cfg.permission_prompt == "stdio" else lambda tool, args, proposals: Denied(
+        ask = self.can_use_tool if self.cfg.permission_prompt == "stdio" else lambda tool, *_: Denied(
             f"Claude requested permissions to use {tool}, but you haven't granted it yet.")  # Claude Code's words
         self.agent = Agent(self.cfg, self.env, self.reporter, ask_user=ask, relay=self.mcp_message)
         try:
@@ -8308,15 +8306,15 @@ class SdkRun:
         return {"mcpServers": [{"name": s.name, "status": s.state, **({"error": s.error} if s.error else {}),
                                 "tools": [{"name": t["name"]} for t in s.tools]} for s in servers]}
 
-    def can_use_tool(self, tool: str, args: dict, proposals: tuple[str, ...]) -> str:
+    def can_use_tool(self, tool: str, args: dict, proposals: tuple[str, ...], call_id: str) -> str:
         """Ask the SDK's can_use_tool callback: "y", or the deny's message as the tool's whole result (Denied). An
         allow's updatedInput replaces the call's input (in place)."""
         rules = [{"toolName": name, **({"ruleContent": spec.rstrip(")")} if spec else {})}
                  for name, _, spec in (proposal.partition("(") for proposal in proposals)]
         suggestions = [{"type": "addRules", "rules": rules, "behavior": "allow", "destination": "session"}] \
             if rules else []
-        answer = self.link.request("can_use_tool", {"tool_name": tool, "input": args, "tool_use_id":
-                                                    self.reporter.last_call, "permission_suggestions": suggestions})
+        answer = self.link.request("can_use_tool", {"tool_name": tool, "input": args, "tool_use_id": call_id,
+                                                    "permission_suggestions": suggestions})
         if answer.get("behavior") != "allow":
             return Denied(str(answer.get("message") or f"the SDK's can_use_tool refused {tool}"))
         if isinstance(answer.get("updatedInput"), dict):

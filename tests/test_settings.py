@@ -273,7 +273,7 @@ def test_untrusted_project_allow_rules_are_ignored_until_trusted(workspace):
     write(workspace / ".claude" / "settings.json", {"permissions": {"allow": ["Bash(touch:*)"]}})
     asked = []
 
-    def asker(tool, args, proposals):
+    def asker(tool, args, proposals, call_id):
         asked.append(args["command"])
         return "y"
 
@@ -296,7 +296,7 @@ def test_always_adds_the_prefix_rule_for_the_session_only(workspace):
     answers = ["a"]
     asked = []
 
-    def asker(tool, args, proposals):
+    def asker(tool, args, proposals, call_id):
         asked.append((args["command"], proposals))
         return answers.pop(0) if answers else "n"
 
@@ -307,6 +307,16 @@ def test_always_adds_the_prefix_rule_for_the_session_only(workspace):
     assert asked == [("git diff", ("Bash(git diff:*)",)), ("rm -rf x", ("Bash(rm:*)",))]
     assert outcome.answer.endswith("Error: permission denied: the user declined to let Bash run; ask them or try "
                                    "something else")
+
+
+def test_a_question_names_the_call_it_is_about(workspace):
+    """Each question carries its own call's id (the SDK's can_use_tool passes it on), not the last one started."""
+    asked = []
+    made = make_agent(workspace, ask=lambda tool, args, proposals, call_id: asked.append((args["command"], call_id))
+                      or "y", model=scripted([call("Bash", {"command": "echo a"}, id="first"),
+                                              call("Bash", {"command": "echo b"}, id="second")]))
+    ask(made)
+    assert asked == [("echo a", "first"), ("echo b", "second")]
 
 
 # --- Hooks on real processes ----------------------------------------------------------------------
@@ -528,7 +538,7 @@ def test_session_start_pre_compact_and_session_end_hooks_see_their_fields(worksp
 def test_a_rule_saved_in_a_trusted_project_keeps_its_trust(workspace):
     (workspace / ".git").mkdir()
     write(workspace / ".claude" / "settings.json", {"permissions": {"allow": ["Bash(ls:*)"]}})
-    made = make_agent(workspace, ask=lambda tool, args, proposals: "s", ask_trust=lambda question: True,
+    made = make_agent(workspace, ask=lambda tool, args, proposals, call_id: "s", ask_trust=lambda question: True,
                       model=scripted([call("Bash", {"command": "echo one"})]))
     ask(made)
     assert json.loads((workspace / ".claude" / "settings.local.json").read_text())["permissions"]["allow"] == \
