@@ -7321,8 +7321,11 @@ class Keys:
             return False
         with signals_held() as caught:
             os.write(self.wake[1], b".")
-            while thread.join(0.1) or thread.is_alive():  # a pager may have the terminal: a stop signal ends it
-                self.end_pager(caught[0]) if caught else None
+            thread.join(0.1)
+            while thread.is_alive():  # a pager may have the terminal: a stop signal ends it
+                if caught:
+                    self.end_pager(caught[0])
+                thread.join(0.1)
             os.read(self.wake[0], 1)
             self.thread = None
             with contextlib.suppress(termios.error):
@@ -7933,8 +7936,8 @@ class Session:
         """Put back the files Write, Edit and NotebookEdit changed since prompt `index`, as they were before it (a
         symlink put in a file's place is replaced, never followed, nor one in its folder's)."""
         kept: dict[str, dict] = {}
-        for checkpoint in self.checkpoints:
-            kept.setdefault(checkpoint["path"], checkpoint) if checkpoint["prompt"] >= index else None
+        for checkpoint in [c for c in self.checkpoints if c["prompt"] >= index]:
+            kept.setdefault(checkpoint["path"], checkpoint)  # the first since that prompt: the file as it was
         missed = {path: "too large to keep" for path, c in kept.items() if c["exists"] and c["bytes"] is None}
         for path, c in kept.items():
             try:

@@ -8,7 +8,9 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -319,13 +321,18 @@ def test_ctrl_c_while_a_finished_answer_prints_keeps_the_turn(serve, workspace):
 
 
 
+def held(first: str, last: str, release: threading.Event, *then: Callable[[], Any]) -> Stream:
+    """A streamed reply that sends `first`, waits for `release`, then ends with `last` (and runs `then`)."""
+    return Stream([{"choices": [{"index": 0, "delta": {"content": first}}]}, lambda: release.wait(20),
+                   {"choices": [{"index": 0, "delta": {"content": last}, "finish_reason": "stop"}]}, *then])
+
+
 def test_words_show_as_they_stream_and_ctrl_c_cancels_the_stream_at_once(serve, terminal):
     release = threading.Event()
 
     def model(body):
         if user_turns(body)[-1] == "tell me":
-            return Stream([{"choices": [{"index": 0, "delta": {"content": "first words "}}]}, lambda: release.wait(20),
-                           {"choices": [{"index": 0, "delta": {"content": "never shown"}, "finish_reason": "stop"}]}])
+            return held("first words ", "never shown", release)
         return reply(f"{len(body['messages'])} messages")
 
     server = serve(model)
@@ -393,8 +400,7 @@ def test_esc_interrupts_a_turn_and_keys_typed_meanwhile_start_the_next_prompt(se
 
     def model(body):
         if user_turns(body)[-1] == "tell me":
-            return Stream([{"choices": [{"index": 0, "delta": {"content": "first line\n"}}]}, lambda: release.wait(20),
-                           {"choices": [{"index": 0, "delta": {"content": "never"}, "finish_reason": "stop"}]}])
+            return held("first line\n", "never", release)
         return reply(f"got {user_turns(body)[-1]!r} after {len(body['messages'])} messages")
 
     server = serve(model)
@@ -653,9 +659,7 @@ def test_ctrl_o_in_a_turn_lends_the_terminal_to_the_pager_and_the_turn_goes_on_a
         if body["messages"][-1]["role"] == "user":
             asked.wait(20)  # no tool has run before the test has pressed Ctrl-O
             return reply(tool_calls=[call("Bash", {"command": "seq 1 30"})])
-        return Stream([{"choices": [{"index": 0, "delta": {"content": "while the pager\n"}}]}, lambda: release.wait(20),
-                       {"choices": [{"index": 0, "delta": {"content": "the end"}, "finish_reason": "stop"}]},
-                       lambda: sent.set()])
+        return held("while the pager\n", "the end", release, sent.set)
 
     server = serve(model)
     env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": str(tmp_path / "pager")}
@@ -806,9 +810,7 @@ def test_a_terminal_closed_while_the_pager_has_it_ends_the_pager_and_the_session
     def model(body):
         if body["messages"][-1]["role"] == "user":
             return reply(tool_calls=[call("Bash", {"command": "seq 1 30"})])
-        return Stream([{"choices": [{"index": 0, "delta": {"content": "while the pager\n"}}]}, lambda: release.wait(20),
-                       {"choices": [{"index": 0, "delta": {"content": "the end"}, "finish_reason": "stop"}]},
-                       lambda: sent.set()])
+        return held("while the pager\n", "the end", release, sent.set)
 
     server = serve(model)
     env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": str(tmp_path / "pager")}
@@ -868,8 +870,7 @@ def test_the_picker_and_a_turn_take_the_terminal_back_after_ctrl_z_and_fg(serve,
 
     def model(body):
         if user_turns(body)[-1] == "tell me":
-            return Stream([{"choices": [{"index": 0, "delta": {"content": "first line\n"}}]}, lambda: release.wait(20),
-                           {"choices": [{"index": 0, "delta": {"content": "never"}, "finish_reason": "stop"}]}])
+            return held("first line\n", "never", release)
         return reply("answered")
 
     server = serve(model)
