@@ -321,6 +321,11 @@ def test_ctrl_c_while_a_finished_answer_prints_keeps_the_turn(serve, workspace):
 
 
 
+def pager_env(server, pager: str) -> dict[str, str]:
+    """The environment of a session against the fake server that pages with `pager`."""
+    return {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": pager}
+
+
 def held(first: str, last: str, release: threading.Event, *then: Callable[[], Any]) -> Stream:
     """A streamed reply that sends `first`, waits for `release`, then ends with `last` (and runs `then`)."""
     return Stream([{"choices": [{"index": 0, "delta": {"content": first}}]}, lambda: release.wait(20),
@@ -359,7 +364,7 @@ DRAWN_PROMPT = r"(?:\n|\x1b\[K)> "  # at the start of a line, or after the statu
 def test_a_tool_line_shows_while_the_command_runs_then_its_first_and_last_lines(serve, terminal, workspace):
     command = "echo started; while [ ! -f go ]; do sleep 0.05; done; seq 1 12; exit 3"
     server = serve(asks_once([call("Bash", {"command": command})]))
-    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": "cat"}
+    env = pager_env(server, "cat")
     term = terminal(server, "--yes", term="xterm", env=env)
     term.send("run it\r")
     term.expect(r"Bash\(echo started; while")
@@ -662,7 +667,7 @@ def test_ctrl_o_in_a_turn_lends_the_terminal_to_the_pager_and_the_turn_goes_on_a
         return held("while the pager\n", "the end", release, sent.set)
 
     server = serve(model)
-    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": str(tmp_path / "pager")}
+    env = pager_env(server, str(tmp_path / "pager"))
     term = terminal(server, "--yes", term="xterm", env=env)
     term.send("go\r")
     deadline = time.monotonic() + 10
@@ -697,7 +702,7 @@ def test_ctrl_o_in_a_turn_lends_the_terminal_to_the_pager_and_the_turn_goes_on_a
                                          ("false", "the pager 'false' ended with exit code 1")])
 def test_a_pager_that_fails_is_said_and_the_session_goes_on(serve, terminal, pager, said):
     server = serve(asks_once([call("Bash", {"command": "echo the-output"})]))
-    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": pager}
+    env = pager_env(server, pager)
     term = terminal(server, "--yes", env=env)
     term.ask("run it", "done: the-output")
     term.send("/expand\r")
@@ -787,7 +792,7 @@ def test_ctrl_o_at_a_question_shows_the_last_result_whole_then_asks_again(serve,
         return reply("done: " + last_result(body))
 
     server = serve(model)
-    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": "sh -c 'cat; sleep 1.2'"}
+    env = pager_env(server, "sh -c 'cat; sleep 1.2'")
     term = terminal(server, env=env, term="xterm")
     term.send("go\r")
     term.expect(r"Allow Bash\? \[y/n/a/s\] ")
@@ -813,7 +818,7 @@ def test_a_terminal_closed_while_the_pager_has_it_ends_the_pager_and_the_session
         return held("while the pager\n", "the end", release, sent.set)
 
     server = serve(model)
-    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "PAGER": str(tmp_path / "pager")}
+    env = pager_env(server, str(tmp_path / "pager"))
     term = terminal(server, "--yes", term="xterm", env=env)
     term.send("go\r")
     term.expect("while the pager")
