@@ -270,8 +270,10 @@ def tag_prompt(github: GitHub, event: Event, thread: Thread, fork: bool) -> str:
 # --- Git ------------------------------------------------------------------------------------------
 
 def git(*args: str, cwd: Path, env: dict | None = None, check: bool = True) -> str:
-    """Runs git without a shell; its output (a failure raises with git's message)."""
-    done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    """Runs git without a shell and without the repository's programs (fsmonitor, hooks); its output (a failure
+    raises with git's message)."""
+    safe = ["-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null"]
+    done = subprocess.run(["git", *safe, *args], cwd=cwd, env=env, capture_output=True, text=True)
     if check and done.returncode:
         raise RuntimeError(f"git {args[0]} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
     return done.stdout.strip()
@@ -307,6 +309,7 @@ def checkout_pr(cwd: Path, pr: dict, fork: bool, genv: dict) -> None:
         git("checkout", "--quiet", "--detach", "FETCH_HEAD", cwd=cwd)
         return
     ref = pr["head"]["ref"]
+    git("check-ref-format", "--branch", ref, cwd=cwd)
     git("fetch", "--quiet", "origin", f"refs/heads/{ref}:refs/remotes/origin/{ref}", cwd=cwd, env=genv)
     git("checkout", "--quiet", "-B", ref, f"origin/{ref}", cwd=cwd)
 
