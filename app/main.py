@@ -27,7 +27,9 @@ Sections, in the order data flows:
     The agent loop                      ask, run the calls, repeat; the Agent shared by conversations
     Command line, Claude Code's output  flags and Config; text, json and stream-json as Claude Code writes them
     Prompts and runs                    one -p run
-    Terminal, Session                   drawing on a terminal; the interactive session
+    Terminal                            drawing on a terminal; the keys read during a turn
+    Line editor                         the prompt line: readline, Tab, history, paste, questions; the live picker
+    Session                             the interactive session: its commands, /rewind's checkpoints, the loop, a turn
     SDK mode, Main                      the Agent SDK's protocol; main() and the exit codes
 
 Examples:
@@ -7387,7 +7389,7 @@ class Keys:
             self.display.lock.release()
 
 
-# --- Session --------------------------------------------------------------------------------------
+# --- Line editor ----------------------------------------------------------------------------------
 
 
 SESSION_COMMANDS = {  # the session's own commands, for /help, Tab and "did you mean"
@@ -7408,29 +7410,9 @@ SESSION_KEYS = {
     "\\ at the end, Esc Enter": "a new line in the prompt", "Ctrl-R": "search earlier prompts",
     "Esc, Ctrl-C": "interrupt a turn", "Ctrl-C": "clear the line; at an empty prompt twice: leave",
 }
-INIT_PROMPT = ("Write a short CLAUDE.md in the working directory (or improve the one there) for agents working here: "
-               "how to build, test (one test too) and lint, and the architecture that takes several files to see.")
 SESSION_HELP = "\n".join(f"{name:17} {what}" for name, what in SESSION_COMMANDS.items())  # for --help
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
-
-
-def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
-    """What a call will do, shown whole before it is allowed: every line of a command, or a file change's diff."""
-    if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
-        text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
-        blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
-        return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
-    path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
-    _, exists, data = file_before(cwd, args)
-    text = data.decode(errors="replace") if data is not None else None
-    if tool == "Write":
-        old, new = text or "", str(args.get("content", ""))
-    elif text is not None and old and old in text:
-        old, new = text, text.replace(old, new, -1 if args.get("replace_all") is True else 1)
-    every = " (every occurrence)" if args.get("replace_all") is True else ""
-    diff = shown_diff(path, old if exists else None, new, colour)
-    return f"{'change' if exists else 'create'} {visible(path)}{every}\n{diff}"
 
 
 def narrowed(rows: list[str], words: str) -> list[int]:
@@ -7438,60 +7420,24 @@ def narrowed(rows: list[str], words: str) -> list[int]:
     return [i for i, row in enumerate(rows) if all(word in row.lower() for word in words.lower().split())]
 
 
-def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
-    """A transcript's first and last prompt, whether it ended unanswered, and its prompts' checkpoints."""
-    first, last, role, kept = "", "", "", []
-    with contextlib.suppress(OSError), open(path, "rb") as f:
-        for line in f:
-            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-                if line.startswith((b'{"role": ', b'{"type": "checkpoint"', b'{"type": "truncate"')):
-                    entry = json.loads(line)
-                    role = entry.get("role", role)
-                    last = one_line(content_text(entry), 60) if entry.get("role") == "user" else last
-                    first = first or last
-                    kept = [c for c in kept if c["prompt"] < entry["keep"]] if entry.get("type") == "truncate" else \
-                        kept + [entry] * (entry.get("type") == "checkpoint")
-    return first, last, role != "assistant", kept
+def command_names(agent: Agent) -> list[str]:
+    """Every /name a session knows: its own, custom commands, skills."""
+    return [name.split()[0] for name in SESSION_COMMANDS] + [f"/{name}" for name in (*agent.commands, *agent.skills)]
 
 
-class Session:
-    """An interactive session on a terminal: prompts on stderr, answers on stdout."""
+class LineEditor:
+    """The prompt line: readline, Tab completion, history, a prompt read (a paste is one), questions, idle notice."""
 
-    def __init__(self, cfg: Config, env: dict[str, str], streams: Streams, resume: Path | None = None,
-                 fork: bool = False, first: str = ""):
+    def __init__(self, streams: Streams, display: Display, keys: Keys, expand: Callable[[], None], first: str = ""):
+        self.streams, self.display, self.keys, self.expand = streams, display, keys, expand
         self.first = first  # the prompt given on the command line: the session's first
-        if not is_terminal(streams.stderr):  # its prompts and questions would go where the user cannot see them
-            raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
-        self.streams, self.resume, self.env = streams, (resume, fork), env
-        self.reporter = self.display = Display(cfg, streams, env)
-        self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display, self.expand)
-        self.checkpoints: list[dict] = []  # the files Write, Edit and NotebookEdit changed, as before each prompt
-        self.pending: list[str] = []  # `!command` outputs that go with the next prompt
-        self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
-        self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
-        self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
+        self.prefill, self.history = "", None  # text for the next prompt; the history file
+        self.agent: Agent | None = None  # whose commands Tab completes and whose hooks hear of an idle prompt (setup)
 
-    def event(self, event: dict) -> None:
-        """An event of the agent's, shown; before a Write, Edit or NotebookEdit, the file as it was is kept (a
-        checkpoint)."""
-        if event["type"] == "tool_call" and event["name"] in ("Write", "Edit", "NotebookEdit"):
-            with contextlib.suppress(ValueError):  # the file the tool takes, whatever else the call says
-                self.checkpoint({"file_path": parse_arguments(event["arguments"]).get(
-                    "notebook_path" if event["name"] == "NotebookEdit" else "file_path", "")})
-        self.display(event)
-
-    def checkpoint(self, args: dict) -> None:
-        """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
-        path, exists, data = file_before(self.agent.cfg.cwd, args)
-        path = os.path.realpath(path)  # where Write, Edit and NotebookEdit write: through a symlink, its target
-        if not any(c["prompt"] == self.mark and c["path"] == path for c in self.checkpoints):
-            self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": path,
-                                     "exists": exists, "bytes": data and data.decode("latin-1")})
-            self.messages.note(self.checkpoints[-1])
-
-    def setup_readline(self) -> None:
-        """Tab completion, key bindings, and this project's prompt history (kept 0600 in SOLO_HOME)."""
+    def setup(self, agent: Agent) -> None:
+        """Tab completion of the agent's commands, key bindings, and this project's history (kept 0600 in SOLO_HOME)."""
         import readline
+        self.agent = agent
         readline.set_completer_delims(" \t\n")
         readline.set_completer(self.complete)
         for binding in ("tab: complete", r'"\e\C-m": "\C-v\C-j"', r'"\e\e": "\C-e\C-v\C-_rewind\C-m"',
@@ -7507,8 +7453,8 @@ class Session:
                 meta = lib.rl_get_keymap_by_name(b"emacs-meta")  # its ESC entry becomes a macro (type 2), not a map
                 macro = libc.strdup(b"\x05\x16\x1frewind\r")  # C-e C-v C-_ rewind Enter, as bound above
                 entry.from_address(meta + 27 * ctypes.sizeof(entry)).__init__(b"\x02", macro)
-        folder = Sessions(self.agent.cfg).folder
-        if folder and self.agent.cfg.persist:
+        folder = Sessions(agent.cfg).folder
+        if folder and agent.cfg.persist:
             with contextlib.suppress(OSError):
                 private_folder(folder)
                 os.close(os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
@@ -7521,7 +7467,7 @@ class Session:
         import readline
         found: list[str] = []
         if text.startswith("/") and readline.get_begidx() == 0:
-            found = [name for name in self.command_names() if name.startswith(text)]
+            found = [name for name in command_names(self.agent) if name.startswith(text)]
         elif text.startswith("@"):
             folder, _, start = text[1:].rpartition("/")
             with contextlib.suppress(OSError):
@@ -7529,11 +7475,6 @@ class Session:
                 found = sorted(f"@{folder}{'/' if folder else ''}{e.name}{'/' * e.is_dir()}" for e in entries
                                if e.name.startswith(start) and (start[:1] == "." or e.name[:1] != "."))
         return found[state] if state < len(found) else None
-
-    def command_names(self) -> list[str]:
-        """Every /name the session knows: its own, custom commands, skills."""
-        return [name.split()[0] for name in SESSION_COMMANDS] + [f"/{name}" for name in (
-            *self.agent.commands, *self.agent.skills)]
 
     def read_line(self, prompt: str, *, history: bool = True) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
@@ -7630,225 +7571,13 @@ class Session:
                 continue
             question = again
 
-    def confirm(self, tool: str, args: dict, proposals: tuple[str, ...], call_id: str = "") -> str:
-        """Ask before a call runs, showing it whole and the rules an `always` answer adds: y (once), n, a (this
-        session), or s (and save them in .claude/settings.local.json: for commands and MCP tools); "n" for Ctrl-D."""
-        what = describe_call(self.agent.cfg.cwd, tool, args, self.display.fancy)
-        zygote = self.agent.ctx.sandbox.zygote if self.agent.ctx.sandbox else None
-        if running := orphans(self.agent.spawner.pids) + (zygote.leftovers() if zygote else []):  # could type here
-            self.reporter.say("still running from earlier commands:\n" + "\n".join(
-                f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
-        if tool in EDITORS:
-            head, _, diff = what.partition("\n")
-            self.reporter.say(f"{tool} wants to {head}")
-            self.display.put(diff + "\n")
-        else:
-            self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to run with {what}")
-        if not proposals:  # an ask rule: nothing to remember
-            return self.choose(f"Allow {tool}? [y/n] ", "Please answer y (yes) or n (no): ", ("y", "yes", "n", "no")) \
-                or "n"
-        saves = tool == "Bash" or tool.startswith("mcp__")
-        rules = visible(", ".join(proposals))
-        self.reporter.say(f"a: allow {rules} for this session" + ("; s: and save it in .claude/settings.local.json"
-                                                                   if saves else ""))
-        letters = ("y", "yes", "n", "no", "a", "always") + (("s", "save") if saves else ())
-        answer = self.choose(f"Allow {tool}? [y/n/a{'/s' * saves}] ", f"Please answer y (yes), n (no), a (always: "
-                             f"{rules}){' or s (save it)' * saves}: ", letters)
-        return answer or "n"
 
-    def ask_trust(self, question: str) -> bool | None:
-        """Ask once whether this folder's own servers and outside imports may be used; None for Ctrl-D."""
-        self.reporter.say(question)
-        answer = self.choose("Allow them here (asked again if they change)? [y/n] ",
-                             "Please answer y (yes) or n (no): ", ("y", "yes", "n", "no"))
-        return answer == "y" if answer else None
+class Picker:
+    """A row picked from a list: narrowed live at each key on a terminal that redraws; by its number elsewhere."""
 
-    def command(self, line: str) -> bool:
-        """Handle a /command, a !command or a #note; False when the line is a prompt."""
-        word, _, rest = line.partition(" ")
-        say, rest = self.reporter.say, rest.strip()
-        commands = {"/help": self.help, "/clear": self.clear, "/permissions": self.show_permissions,
-                    "/cost": lambda: say(self.agent.usage.line()), "/model": lambda: self.switch_model(rest),
-                    "/compact": lambda: self.compact(rest), "/mode": lambda: self.switch_mode(rest),
-                    "/mcp": self.show_servers, "/trust": self.forget_trust, "/sessions": self.show_sessions,
-                    "/resume": self.resume_picked, "/agents": self.show_agents, "/bashes": self.show_shells,
-                    "/rewind": self.rewind, "/expand": self.expand}
-        if line.startswith("!"):
-            self.run_command(line[1:].strip())
-        elif line.startswith("#"):
-            self.remember(line[1:].strip())
-        elif word in commands:
-            commands[word]()
-        elif re.fullmatch(r"/[\w.:-]+", word) and word not in self.command_names():
-            import difflib
-            close = difflib.get_close_matches(word, self.command_names(), n=3, cutoff=0.6)
-            say(f"unknown command {word}: " + (f"did you mean {' or '.join(close)}?" if close else "see /help"))
-        else:
-            return False
-        return True
-
-    def clear(self) -> None:
-        """/clear: a new conversation."""
-        del self.messages[1:]
-        self.checkpoints = []  # as the transcript's reader will see it
-        self.reporter.say("started a new conversation")
-        self.agent.start_session("clear")
-
-    def switch_model(self, name: str) -> None:
-        """/model [NAME]: the model, switched to NAME."""
-        agent = self.agent
-        if name:
-            model = model_id(name)
-            agent.model.check_model(model)
-            agent.cfg = agent.cfg._replace(model=model)
-            self.messages.note({"type": "model", "model": agent.cfg.model})
-        self.reporter.say(f"model: {agent.cfg.model}")
-
-    def compact(self, instructions: str) -> None:
-        """/compact [INSTRUCTIONS]: compact the conversation now."""
-        agent, messages = self.agent, self.messages
-        if not agent.compactor.compact(agent.cfg, messages, estimate_tokens(messages), "manual", instructions):
-            self.reporter.say("the conversation was not compacted")
-
-    def switch_mode(self, mode: str) -> None:
-        """/mode [MODE]: the permission mode, switched to MODE."""
-        if mode not in (*PERMISSION_MODES, ""):
-            raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
-        self.agent.cfg = self.agent.cfg._replace(permission_mode=mode or self.agent.cfg.permission_mode)
-        self.reporter.say(f"permission mode: {self.agent.cfg.permission_mode}")
-
-    def show_servers(self) -> None:
-        """/mcp: each MCP server, its state and tools; the project's servers not approved."""
-        agent, say = self.agent, self.reporter.say
-        for server in agent.servers or []:
-            count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
-            why = f" ({server.error})" if server.error else ""
-            say(f"{server.name}: {server.state}{why}, {count} tools")
-        for name in agent.trust.skipped:
-            say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
-        if not agent.servers and not agent.trust.skipped:
-            say("no MCP servers are configured (.mcp.json, --mcp-config)")
-
-    def forget_trust(self) -> None:
-        """/trust: forget the answers about this folder, so the next session asks again."""
-        forget(self.agent.cfg.solo_home, self.agent.cfg.cwd)
-        self.reporter.say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and settings: "
-                          "the next session here asks again")
-
-    def show_sessions(self) -> None:
-        """/sessions: the last ten of this folder, this one marked."""
-        sessions = Sessions(self.agent.cfg)
-        for path in itertools.islice(sessions.recent(), 10):
-            self.reporter.say(("* " if path.stem == self.agent.cfg.session_id else "  ") + sessions.describe(path))
-
-    def show_agents(self) -> None:
-        """/agents: the sub-agent types."""
-        for kind in self.agent.agent_types.values():
-            self.reporter.say(f"{kind.name}: {kind.description}" + (f" (tools: {', '.join(kind.tools)})"
-                                                                     if kind.tools is not None else ""))
-
-    def show_shells(self) -> None:
-        """/bashes: the background shells and their states."""
-        shells = self.agent.shells.shells
-        for shell_id, shell in shells.items():
-            self.reporter.say(f"{shell_id} ({shell.state()}): {visible(one_line(shell.command, 200))}")
-        if not shells:
-            self.reporter.say("no background shells")
-
-    def pasted_images(self, line: str) -> list[dict]:
-        """Image parts for the words of a prompt that are paths of image files (a drag and drop pastes one)."""
-        import shlex
-        try:
-            words = shlex.split(line)
-        except ValueError:
-            words = line.split()
-        parts = []
-        for word in words:
-            path = Path(self.agent.cfg.cwd, os.path.expanduser(word))
-            with contextlib.suppress(OSError):
-                if path.suffix.lower() in (".png", ".jpg", ".jpeg", ".gif", ".webp") and path.is_file():
-                    try:
-                        check_sight(self.agent.ctx)
-                        about, part = image_part(path, word)
-                    except ToolError as error:
-                        self.reporter.say(f"not attached: {error}")
-                        continue
-                    self.reporter.say(f"attached {about}")
-                    parts.append(part)
-        return parts
-
-    def show_permissions(self) -> None:
-        """The rules in force, each with the file it came from, and what waits for this folder's trust."""
-        agent = self.agent
-        for kind in RULE_KINDS:
-            for rule in agent.rules[kind]:
-                self.reporter.say(f"{kind:5}  {visible(rule.text)}  ({rule.origin})")
-        if not any(agent.rules.values()):
-            self.reporter.say("no permission rules (settings files: permissions.allow, ask, deny)")
-        if not agent.trust.settings:
-            waiting = settings_subject(agent.cfg.settings)
-            self.reporter.say(f"not in force until you trust this folder: {visible(json.dumps(waiting))} (/trust, then "
-                              "start a session here)")
-        self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
-
-    def help(self) -> None:
-        """The commands and keys, as a table."""
-        commands = {**SESSION_COMMANDS, **{f"/{c.name} {c.hint}".strip(): c.description
-                                           for c in self.agent.commands.values()},
-                    **{f"/{s.name}": one_line(s.description, 70) for s in self.agent.skills.values()}, "Keys:": ""}
-        width = max(map(len, [*commands, *SESSION_KEYS]))
-        self.display.put("Commands:\n" + "".join(f"  {self.display.paint(name.ljust(width), 'bold')}  {what}\n"
-                                                  for name, what in {**commands, **SESSION_KEYS}.items()))
-
-    def run_command(self, command: str) -> None:
-        """Run the user's own command (in the sandbox, if any); show its output and keep it for the next prompt."""
-        with self.keys.reading():
-            self.display.working(f"!{visible(one_line(command, 60))}")
-            try:
-                output = tool_bash(self.agent.ctx, command)
-            finally:
-                self.display.working("")
-        self.display.put(visible(output) + "\n")
-        self.pending.append(f"I ran this command myself:\n$ {command}\n{output}")
-
-    def remember(self, text: str) -> None:
-        """Add a line to the project's CLAUDE.md, if the user says so."""
-        path = self.agent.cfg.cwd / "CLAUDE.md"
-        if text and self.choose("Add this line to ./CLAUDE.md? [y/n] ", "Please answer y (yes) or n (no): ",
-                                ("y", "yes", "n", "no")) == "y":
-            old = read_small(path) if path.exists() else ""
-            with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a",
-                      encoding="utf-8") as f:  # never through a symlink a repository planted
-                f.write("\n" * (old[-1:] not in ("", "\n")) + text + "\n")
-            self.reporter.say(f"added to {path}; it is read at the start of the next session")
-
-    def expand(self, lent: Callable[[Any], None] = lambda child: None) -> None:
-        """The last tool result whole, through the pager ($PAGER, or less -R; `lent` is told of it); shown here if
-        that cannot start."""
-        with self.display.lock:
-            if not self.display.last:
-                return self.reporter.say("no tool has run yet")
-            self.display.clear()
-            with contextlib.suppress(OSError, ValueError):
-                self.streams.stdout.flush()
-                self.streams.stderr.flush()
-            text, pager = visible(self.display.last) + "\n", self.env.get("PAGER", "").strip() or "less -R"
-            if failed := show_paged(text, pager, self.streams.stderr.fileno(), lent):
-                self.reporter.say(failed)
-                if failed.startswith("cannot"):
-                    self.display.put(text)
-            self.display.draw()
-
-    def prompt_for(self, line: str) -> tuple[str, Command | None]:
-        """What a line sends (/init's request, a custom command's text, @paths attached, !outputs), and its command."""
-        word, _, rest = line.partition(" ")
-        command = self.agent.commands.get(word[1:]) if word.startswith("/") else None
-        if command:
-            line = render_command(command, rest, self.agent.cfg.cwd, functools.partial(inline_output, self.agent))
-        else:
-            line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
-        prompt, self.pending = "\n\n".join([*self.pending, line]), []
-        return prompt, command
+    def __init__(self, editor: LineEditor, env: dict[str, str]):
+        self.editor, self.keys, self.streams, self.env = editor, editor.keys, editor.streams, env
+        self.reporter = self.display = editor.display
 
     def pick(self, rows: list[str], question: str) -> int:
         """The index of the row the user picks: from a list each key typed narrows, on a terminal that can redraw
@@ -7861,7 +7590,8 @@ class Session:
         while shown := narrowed(rows, words)[:10]:
             for number, i in enumerate(shown, start=1):
                 self.reporter.say(f"{number:2}. {rows[i]}")
-            answer = self.read_line(f"{question} (1-{len(shown)})? ", history=False).strip()  # or words to narrow
+            answer = self.editor.read_line(f"{question} (1-{len(shown)})? ",
+                                           history=False).strip()  # or words to narrow
             if answer.isdigit() and 1 <= int(answer) <= len(shown):
                 return shown[int(answer) - 1]
             if not (words := answer):
@@ -7914,22 +7644,218 @@ class Session:
                 for i, row in enumerate(rows[top:top + room], start=top)]
         return f"\033[H\033[J{head}" + "".join(f"\n{row}" for row in body) + f"\033[1;{len(head) + 1}H"
 
+
+# --- Session --------------------------------------------------------------------------------------
+
+
+INIT_PROMPT = ("Write a short CLAUDE.md in the working directory (or improve the one there) for agents working here: "
+               "how to build, test (one test too) and lint, and the architecture that takes several files to see.")
+
+
+def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
+    """What a call will do, shown whole before it is allowed: every line of a command, or a file change's diff."""
+    if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
+        text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
+        blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
+        return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
+    path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
+    _, exists, data = file_before(cwd, args)
+    text = data.decode(errors="replace") if data is not None else None
+    if tool == "Write":
+        old, new = text or "", str(args.get("content", ""))
+    elif text is not None and old and old in text:
+        old, new = text, text.replace(old, new, -1 if args.get("replace_all") is True else 1)
+    every = " (every occurrence)" if args.get("replace_all") is True else ""
+    diff = shown_diff(path, old if exists else None, new, colour)
+    return f"{'change' if exists else 'create'} {visible(path)}{every}\n{diff}"
+
+
+def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
+    """A transcript's first and last prompt, whether it ended unanswered, and its prompts' checkpoints."""
+    first, last, role, kept = "", "", "", []
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        for line in f:
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                if line.startswith((b'{"role": ', b'{"type": "checkpoint"', b'{"type": "truncate"')):
+                    entry = json.loads(line)
+                    role = entry.get("role", role)
+                    last = one_line(content_text(entry), 60) if entry.get("role") == "user" else last
+                    first = first or last
+                    kept = [c for c in kept if c["prompt"] < entry["keep"]] if entry.get("type") == "truncate" else \
+                        kept + [entry] * (entry.get("type") == "checkpoint")
+    return first, last, role != "assistant", kept
+
+
+class Commands:
+    """The session's own commands, one method each (/rewind and /resume too), and the files kept for /rewind."""
+
+    def __init__(self, session: Session):
+        self.session, self.agent, self.editor, self.picker = session, session.agent, session.editor, session.picker
+        self.reporter = self.display = session.display
+        self.checkpoints: list[dict] = []  # the files Write, Edit and NotebookEdit changed, as before each prompt
+
+    def command(self, line: str) -> bool:
+        """Handle a /command, a !command or a #note; False when the line is a prompt."""
+        word, _, rest = line.partition(" ")
+        say, rest = self.reporter.say, rest.strip()
+        commands = {"/help": self.help, "/clear": self.clear, "/permissions": self.show_permissions,
+                    "/cost": lambda: say(self.agent.usage.line()), "/model": lambda: self.switch_model(rest),
+                    "/compact": lambda: self.compact(rest), "/mode": lambda: self.switch_mode(rest),
+                    "/mcp": self.show_servers, "/trust": self.forget_trust, "/sessions": self.show_sessions,
+                    "/resume": self.resume_picked, "/agents": self.show_agents, "/bashes": self.show_shells,
+                    "/rewind": self.rewind, "/expand": self.session.expand}
+        if line.startswith("!"):
+            self.run_command(line[1:].strip())
+        elif line.startswith("#"):
+            self.remember(line[1:].strip())
+        elif word in commands:
+            commands[word]()
+        elif re.fullmatch(r"/[\w.:-]+", word) and word not in command_names(self.agent):
+            import difflib
+            close = difflib.get_close_matches(word, command_names(self.agent), n=3, cutoff=0.6)
+            say(f"unknown command {word}: " + (f"did you mean {' or '.join(close)}?" if close else "see /help"))
+        else:
+            return False
+        return True
+
+    def checkpoint(self, args: dict) -> None:
+        """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
+        path, exists, data = file_before(self.agent.cfg.cwd, args)
+        path = os.path.realpath(path)  # where Write, Edit and NotebookEdit write: through a symlink, its target
+        if not any(c["prompt"] == self.session.mark and c["path"] == path for c in self.checkpoints):
+            self.checkpoints.append({"type": "checkpoint", "prompt": self.session.mark, "path": path,
+                                     "exists": exists, "bytes": data and data.decode("latin-1")})
+            self.session.messages.note(self.checkpoints[-1])
+
+    def clear(self) -> None:
+        """/clear: a new conversation."""
+        del self.session.messages[1:]
+        self.checkpoints = []  # as the transcript's reader will see it
+        self.reporter.say("started a new conversation")
+        self.agent.start_session("clear")
+
+    def switch_model(self, name: str) -> None:
+        """/model [NAME]: the model, switched to NAME."""
+        agent = self.agent
+        if name:
+            model = model_id(name)
+            agent.model.check_model(model)
+            agent.cfg = agent.cfg._replace(model=model)
+            self.session.messages.note({"type": "model", "model": agent.cfg.model})
+        self.reporter.say(f"model: {agent.cfg.model}")
+
+    def compact(self, instructions: str) -> None:
+        """/compact [INSTRUCTIONS]: compact the conversation now."""
+        agent, messages = self.agent, self.session.messages
+        if not agent.compactor.compact(agent.cfg, messages, estimate_tokens(messages), "manual", instructions):
+            self.reporter.say("the conversation was not compacted")
+
+    def switch_mode(self, mode: str) -> None:
+        """/mode [MODE]: the permission mode, switched to MODE."""
+        if mode not in (*PERMISSION_MODES, ""):
+            raise UsageError(f"modes: {', '.join(PERMISSION_MODES)}")
+        self.agent.cfg = self.agent.cfg._replace(permission_mode=mode or self.agent.cfg.permission_mode)
+        self.reporter.say(f"permission mode: {self.agent.cfg.permission_mode}")
+
+    def show_servers(self) -> None:
+        """/mcp: each MCP server, its state and tools; the project's servers not approved."""
+        agent, say = self.agent, self.reporter.say
+        for server in agent.servers or []:
+            count = sum(name.startswith(f"mcp__{server.name}__") for name in agent.tools)
+            why = f" ({server.error})" if server.error else ""
+            say(f"{server.name}: {server.state}{why}, {count} tools")
+        for name in agent.trust.skipped:
+            say(f"{name}: not started, .mcp.json's servers are not approved here (/trust)")
+        if not agent.servers and not agent.trust.skipped:
+            say("no MCP servers are configured (.mcp.json, --mcp-config)")
+
+    def forget_trust(self) -> None:
+        """/trust: forget the answers about this folder, so the next session asks again."""
+        forget(self.agent.cfg.solo_home, self.agent.cfg.cwd)
+        self.reporter.say("forgot your answers about this folder's .mcp.json servers, CLAUDE.md imports and settings: "
+                          "the next session here asks again")
+
+    def show_sessions(self) -> None:
+        """/sessions: the last ten of this folder, this one marked."""
+        sessions = Sessions(self.agent.cfg)
+        for path in itertools.islice(sessions.recent(), 10):
+            self.reporter.say(("* " if path.stem == self.agent.cfg.session_id else "  ") + sessions.describe(path))
+
+    def show_agents(self) -> None:
+        """/agents: the sub-agent types."""
+        for kind in self.agent.agent_types.values():
+            self.reporter.say(f"{kind.name}: {kind.description}" + (f" (tools: {', '.join(kind.tools)})"
+                                                                     if kind.tools is not None else ""))
+
+    def show_shells(self) -> None:
+        """/bashes: the background shells and their states."""
+        shells = self.agent.shells.shells
+        for shell_id, shell in shells.items():
+            self.reporter.say(f"{shell_id} ({shell.state()}): {visible(one_line(shell.command, 200))}")
+        if not shells:
+            self.reporter.say("no background shells")
+
+    def show_permissions(self) -> None:
+        """The rules in force, each with the file it came from, and what waits for this folder's trust."""
+        agent = self.agent
+        for kind in RULE_KINDS:
+            for rule in agent.rules[kind]:
+                self.reporter.say(f"{kind:5}  {visible(rule.text)}  ({rule.origin})")
+        if not any(agent.rules.values()):
+            self.reporter.say("no permission rules (settings files: permissions.allow, ask, deny)")
+        if not agent.trust.settings:
+            waiting = settings_subject(agent.cfg.settings)
+            self.reporter.say(f"not in force until you trust this folder: {visible(json.dumps(waiting))} (/trust, then "
+                              "start a session here)")
+        self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
+
+    def help(self) -> None:
+        """The commands and keys, as a table."""
+        commands = {**SESSION_COMMANDS, **{f"/{c.name} {c.hint}".strip(): c.description
+                                           for c in self.agent.commands.values()},
+                    **{f"/{s.name}": one_line(s.description, 70) for s in self.agent.skills.values()}, "Keys:": ""}
+        width = max(map(len, [*commands, *SESSION_KEYS]))
+        self.display.put("Commands:\n" + "".join(f"  {self.display.paint(name.ljust(width), 'bold')}  {what}\n"
+                                                  for name, what in {**commands, **SESSION_KEYS}.items()))
+
+    def run_command(self, command: str) -> None:
+        """Run the user's own command (in the sandbox, if any); show its output and keep it for the next prompt."""
+        with self.session.keys.reading():
+            self.display.working(f"!{visible(one_line(command, 60))}")
+            try:
+                output = tool_bash(self.agent.ctx, command)
+            finally:
+                self.display.working("")
+        self.display.put(visible(output) + "\n")
+        self.session.pending.append(f"I ran this command myself:\n$ {command}\n{output}")
+
+    def remember(self, text: str) -> None:
+        """Add a line to the project's CLAUDE.md, if the user says so."""
+        path = self.agent.cfg.cwd / "CLAUDE.md"
+        if text and self.editor.choose("Add this line to ./CLAUDE.md? [y/n] ", "Please answer y (yes) or n (no): ",
+                                       ("y", "yes", "n", "no")) == "y":
+            old = read_small(path) if path.exists() else ""
+            with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a",
+                      encoding="utf-8") as f:  # never through a symlink a repository planted
+                f.write("\n" * (old[-1:] not in ("", "\n")) + text + "\n")
+            self.reporter.say(f"added to {path}; it is read at the start of the next session")
+
     def rewind(self) -> None:
         """Go back to before an earlier prompt: the conversation, the files Write, Edit and NotebookEdit changed, or
         both."""
-        prompts = [(i, m) for i, m in enumerate(self.messages) if m.get("role") == "user"][-9:]
+        prompts = [(i, m) for i, m in enumerate(self.session.messages) if m.get("role") == "user"][-9:]
         changed = [len({c["path"] for c in self.checkpoints if c["prompt"] >= i}) for i, _ in prompts]
-        index, message = prompts[self.pick([visible(one_line(content_text(m), 70)) + (
+        index, message = prompts[self.picker.pick([visible(one_line(content_text(m), 70)) + (
             f"  [{n} file{'s' * (n != 1)} changed since]" if n else "") for (_, m), n in zip(prompts, changed)],
             "Go back to before which prompt")]
-        what = self.choose("Restore the conversation (c), the files (f) or both (b)? ",
-                           "Please answer c (conversation), f (files) or b (both): ", ("c", "f", "b"))
+        what = self.editor.choose("Restore the conversation (c), the files (f) or both (b)? ",
+                                  "Please answer c (conversation), f (files) or b (both): ", ("c", "f", "b"))
         if what in ("f", "b"):
             self.restore(index)
         if what in ("c", "b"):
-            del self.messages[index:]
+            del self.session.messages[index:]
             self.checkpoints = [c for c in self.checkpoints if c["prompt"] < index]
-            self.prefill = content_text(message)
+            self.editor.prefill = content_text(message)
             self.reporter.say("the conversation is back to before that prompt, which is yours to edit and send")
 
     def restore(self, index: int) -> None:
@@ -7963,10 +7889,10 @@ class Session:
                        key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
         rows = [visible(sessions.describe(path) + (f" … {last}" if last != first else "")) +
                 " (ended without an answer)" * failed for path, first, last, failed in found]
-        path, messages = found[self.pick(rows, "Resume which")][0], self.messages
+        path, messages = found[self.picker.pick(rows, "Resume which")][0], self.session.messages
         self.agent.use_session(path.stem)
         try:
-            self.messages = self.agent.conversation(path)
+            self.session.messages = self.agent.conversation(path)
         except BaseException:
             self.agent.use_session(current)
             raise
@@ -7976,14 +7902,126 @@ class Session:
 
     def resumed(self, path: Path) -> None:
         """Say which session goes on, with its last exchange; take its checkpoints."""
-        self.checkpoints = read_record(path)[3] if self.messages.transcript else []
-        self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
-        prompt = next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
-        answer = next((m for m in reversed(self.messages) if m.get("role") == "assistant" and content_text(m)), None)
+        messages = self.session.messages
+        self.checkpoints = read_record(path)[3] if messages.transcript else []
+        self.reporter.say(f"resumed {path.stem}: {len(messages)} messages")
+        prompt = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+        answer = next((m for m in reversed(messages) if m.get("role") == "assistant" and content_text(m)), None)
         if prompt:
             self.display.put(self.display.paint(f"▸ {visible(one_line(content_text(prompt), 200))}", "grey") + "\n")
         if answer:
             self.reporter.answer(content_text(answer))
+
+
+class Session:
+    """An interactive session on a terminal: prompts on stderr, answers on stdout."""
+
+    def __init__(self, cfg: Config, env: dict[str, str], streams: Streams, resume: Path | None = None,
+                 fork: bool = False, first: str = ""):
+        if not is_terminal(streams.stderr):  # its prompts and questions would go where the user cannot see them
+            raise UsageError("a session shows its prompts on stderr, which is not a terminal; use -p PROMPT")
+        self.streams, self.resume, self.env = streams, (resume, fork), env
+        self.reporter = self.display = Display(cfg, streams, env)
+        self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display, self.expand)
+        self.editor = LineEditor(streams, self.display, self.keys, self.expand, first)
+        self.picker = Picker(self.editor, env)
+        self.pending: list[str] = []  # `!command` outputs that go with the next prompt
+        self.mark = 0  # the index of this prompt in the conversation
+        self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
+        self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
+        self.commands = Commands(self)
+
+    def event(self, event: dict) -> None:
+        """An event of the agent's, shown; before a Write, Edit or NotebookEdit, the file as it was is kept (a
+        checkpoint)."""
+        if event["type"] == "tool_call" and event["name"] in ("Write", "Edit", "NotebookEdit"):
+            with contextlib.suppress(ValueError):  # the file the tool takes, whatever else the call says
+                self.commands.checkpoint({"file_path": parse_arguments(event["arguments"]).get(
+                    "notebook_path" if event["name"] == "NotebookEdit" else "file_path", "")})
+        self.display(event)
+
+    def confirm(self, tool: str, args: dict, proposals: tuple[str, ...], call_id: str = "") -> str:
+        """Ask before a call runs, showing it whole and the rules an `always` answer adds: y (once), n, a (this
+        session), or s (and save them in .claude/settings.local.json: for commands and MCP tools); "n" for Ctrl-D."""
+        what = describe_call(self.agent.cfg.cwd, tool, args, self.display.fancy)
+        zygote = self.agent.ctx.sandbox.zygote if self.agent.ctx.sandbox else None
+        if running := orphans(self.agent.spawner.pids) + (zygote.leftovers() if zygote else []):  # could type here
+            self.reporter.say("still running from earlier commands:\n" + "\n".join(
+                f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
+        if tool in EDITORS:
+            head, _, diff = what.partition("\n")
+            self.reporter.say(f"{tool} wants to {head}")
+            self.display.put(diff + "\n")
+        else:
+            self.reporter.say(f"{tool} wants to run:\n{what}" if tool == "Bash" else f"{tool} wants to run with {what}")
+        if not proposals:  # an ask rule: nothing to remember
+            return self.editor.choose(f"Allow {tool}? [y/n] ", "Please answer y (yes) or n (no): ",
+                                      ("y", "yes", "n", "no")) or "n"
+        saves = tool == "Bash" or tool.startswith("mcp__")
+        rules = visible(", ".join(proposals))
+        self.reporter.say(f"a: allow {rules} for this session" + ("; s: and save it in .claude/settings.local.json"
+                                                                   if saves else ""))
+        letters = ("y", "yes", "n", "no", "a", "always") + (("s", "save") if saves else ())
+        answer = self.editor.choose(f"Allow {tool}? [y/n/a{'/s' * saves}] ", f"Please answer y (yes), n (no), a "
+                                    f"(always: {rules}){' or s (save it)' * saves}: ", letters)
+        return answer or "n"
+
+    def ask_trust(self, question: str) -> bool | None:
+        """Ask once whether this folder's own servers and outside imports may be used; None for Ctrl-D."""
+        self.reporter.say(question)
+        answer = self.editor.choose("Allow them here (asked again if they change)? [y/n] ",
+                                    "Please answer y (yes) or n (no): ", ("y", "yes", "n", "no"))
+        return answer == "y" if answer else None
+
+    def expand(self, lent: Callable[[Any], None] = lambda child: None) -> None:
+        """The last tool result whole, through the pager ($PAGER, or less -R; `lent` is told of it); shown here if
+        that cannot start."""
+        with self.display.lock:
+            if not self.display.last:
+                return self.reporter.say("no tool has run yet")
+            self.display.clear()
+            with contextlib.suppress(OSError, ValueError):
+                self.streams.stdout.flush()
+                self.streams.stderr.flush()
+            text, pager = visible(self.display.last) + "\n", self.env.get("PAGER", "").strip() or "less -R"
+            if failed := show_paged(text, pager, self.streams.stderr.fileno(), lent):
+                self.reporter.say(failed)
+                if failed.startswith("cannot"):
+                    self.display.put(text)
+            self.display.draw()
+
+    def prompt_for(self, line: str) -> tuple[str, Command | None]:
+        """What a line sends (/init's request, a custom command's text, @paths attached, !outputs), and its command."""
+        word, _, rest = line.partition(" ")
+        command = self.agent.commands.get(word[1:]) if word.startswith("/") else None
+        if command:
+            line = render_command(command, rest, self.agent.cfg.cwd, functools.partial(inline_output, self.agent))
+        else:
+            line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
+        prompt, self.pending = "\n\n".join([*self.pending, line]), []
+        return prompt, command
+
+    def pasted_images(self, line: str) -> list[dict]:
+        """Image parts for the words of a prompt that are paths of image files (a drag and drop pastes one)."""
+        import shlex
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            words = line.split()
+        parts = []
+        for word in words:
+            path = Path(self.agent.cfg.cwd, os.path.expanduser(word))
+            with contextlib.suppress(OSError):
+                if path.suffix.lower() in (".png", ".jpg", ".jpeg", ".gif", ".webp") and path.is_file():
+                    try:
+                        check_sight(self.agent.ctx)
+                        about, part = image_part(path, word)
+                    except ToolError as error:
+                        self.reporter.say(f"not attached: {error}")
+                        continue
+                    self.reporter.say(f"attached {about}")
+                    parts.append(part)
+        return parts
 
     def run(self) -> int:
         """The session, its MCP servers ended whatever way it ends."""
@@ -7996,13 +8034,13 @@ class Session:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""
         import readline
         self.messages, interrupted = self.agent.conversation(*self.resume), 0.0
-        self.setup_readline()
+        self.editor.setup(self.agent)
         self.reporter.say(f"solo {VERSION}, model {self.agent.cfg.model}. /help for commands, Ctrl-D to leave.")
         if self.resume[0]:
-            self.resumed(self.resume[0])
+            self.commands.resumed(self.resume[0])
         while True:
             try:
-                line = self.read_prompt()
+                line = self.editor.read_prompt()
             except EOFError:
                 self.streams.stderr.write("\n")
                 return EXIT_OK
@@ -8029,7 +8067,7 @@ class Session:
         None when the line was one of the session's commands, or failed (which is said: nothing changes)."""
         granted: list[Rule] = []
         try:
-            if not line or self.command(line):
+            if not line or self.commands.command(line):
                 return None
             command = self.agent.commands.get(line[1:].partition(" ")[0]) if line.startswith("/") else None
             granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
@@ -8056,7 +8094,7 @@ class Session:
                 outcome = self.agent.ask(messages, prompt, images=self.pasted_images(line))
         except (KeyboardInterrupt, Exception) as error:  # the session goes on
             del messages[self.mark if messages.compactions == compactions else messages.floor:]
-            for checkpoint in [c for c in self.checkpoints if c["prompt"] >= len(messages)]:
+            for checkpoint in [c for c in self.commands.checkpoints if c["prompt"] >= len(messages)]:
                 messages.note(checkpoint)  # what the cancelled turn changed stays undoable, after a resume too
             self.display.end_turn()
             self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])

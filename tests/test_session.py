@@ -312,7 +312,7 @@ def test_ctrl_c_while_a_finished_answer_prints_keeps_the_turn(serve, workspace):
         if len(printed) == 1:
             raise KeyboardInterrupt  # Ctrl-C lands while the first answer is being printed
 
-    session.read_prompt, session.reporter.answer = next_prompt, answer
+    session.editor.read_prompt, session.reporter.answer = next_prompt, answer
     assert session.run() == 0
     assert printed == ["answer 1", "answer 2"]
     assert server.bodies[1]["messages"][1:] == [{"role": "user", "content": "first"},
@@ -579,7 +579,7 @@ def test_rewind_says_which_files_it_could_not_put_back(tmp_path):
         {"prompt": 1, "path": str(tmp_path / "now-a-folder"), "exists": True, "bytes": "old"},
         {"prompt": 1, "path": str(tmp_path / "big"), "exists": True, "bytes": None},
         {"prompt": 1, "path": str(tmp_path / "made"), "exists": False, "bytes": None}]})()
-    agent.Session.restore(session, 0)
+    agent.Commands.restore(session, 0)
     assert said == [(f"restored: {tmp_path}/made; not restored: {tmp_path}/big (too large to keep), {tmp_path}/"
                      "now-a-folder (Is a directory). Files changed by commands (Bash) are not tracked and were not "
                      "restored.")]
@@ -596,7 +596,7 @@ def test_rewind_never_writes_through_a_folder_put_in_a_symlink_s_place(tmp_path)
         {"prompt": 1, "path": str(tmp_path / "project" / "sub" / "keys"), "exists": True, "bytes": "planted"},
         {"prompt": 1, "path": str(tmp_path / "project" / "sub" / "made"), "exists": False, "bytes": None}]})()
     (tmp_path / "outside" / "made").write_text("theirs")
-    agent.Session.restore(session, 0)
+    agent.Commands.restore(session, 0)
     assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == ["made"]
     assert (tmp_path / "outside" / "made").read_text() == "theirs"
     assert said[0].startswith("restored: no file; not restored: ") and "a symlink is in the place of" in said[0]
