@@ -443,12 +443,16 @@ def test_the_note_is_only_for_what_the_sandbox_stopped(confined, outside, comman
 
 
 def test_a_missing_tmpdir_falls_back_to_the_system_temp_folder(serve, run, workspace):
-    server = serve(script([bash("touch /tmp/solo-sandbox-fallback-probe && echo ok", "probe")]))
-    result = run(["-p", "q", "--sandbox", "workspace-write", "-v"], cwd=workspace, base_url=server.url,
-                 env={"TMPDIR": "/no/such/tmp"})
-    assert result.code == 0 and tool_results(server.bodies[-1])["probe"] == "ok\n[exit code 0]", result.stderr
-    assert ", /tmp, /dev/shm; network off" in result.stderr  # as Python's tempfile does
-    os.unlink("/tmp/solo-sandbox-fallback-probe")
+    probe = Path("/tmp") / f"solo-sandbox-fallback-probe-{os.getpid()}-{time.monotonic_ns()}"  # this run's own
+    server = serve(script([bash(f"touch {probe} && echo ok", "probe")]))
+    try:
+        result = run(["-p", "q", "--sandbox", "workspace-write", "-v"], cwd=workspace, base_url=server.url,
+                     env={"TMPDIR": "/no/such/tmp"})
+        assert result.code == 0 and tool_results(server.bodies[-1])["probe"] == "ok\n[exit code 0]", result.stderr
+        assert ", /tmp, /dev/shm; network off" in result.stderr  # as Python's tempfile does
+        assert probe.exists()
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("flags, env, message", [
