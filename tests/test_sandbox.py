@@ -938,8 +938,10 @@ def test_a_commondir_or_a_submodule_cannot_move_git_config_or_hooks_out_of_reach
 
 def test_a_tree_too_deep_to_walk_under_the_hooks_is_undone_and_the_run_goes_on(guarded, workspace):
     before = kept(workspace)
+    # 1,200 folders deep, past Python's recursion limit; one mkdir (a shell loop of 1,200 took a minute on a loaded
+    # machine: each `cd` walks the whole path again)
     result = agent.tool_bash(guarded, "cd .git/hooks && echo evil > pre-commit && "
-                                      "for i in $(seq 1200); do mkdir d && cd d || exit 1; done; echo deep")
+                                      "mkdir -p $(printf 'd/%.0s' $(seq 1200)) && echo deep")
     assert result.startswith("deep\n[exit code 0]\n[the sandbox undid changes"), result
     assert ".git/hooks/pre-commit (removed)" in result
     assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
