@@ -940,13 +940,16 @@ def test_a_tree_too_deep_to_walk_under_the_hooks_is_undone_and_the_run_goes_on(g
     before = kept(workspace)
     # 1,200 folders deep, past Python's recursion limit; one mkdir (a shell loop of 1,200 took a minute on a loaded
     # machine: each `cd` walks the whole path again)
-    result = agent.tool_bash(guarded, "cd .git/hooks && echo evil > pre-commit && "
-                                      "mkdir -p $(printf 'd/%.0s' $(seq 1200)) && echo deep")
-    assert result.startswith("deep\n[exit code 0]\n[the sandbox undid changes"), result
-    assert ".git/hooks/pre-commit (removed)" in result
-    assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
-    assert agent.tool_bash(guarded, "echo fine") == "fine\n[exit code 0]"
-    assert kept(workspace)[:4] == before[:4]
+    try:
+        result = agent.tool_bash(guarded, "cd .git/hooks && echo evil > pre-commit && "
+                                          "mkdir -p $(printf 'd/%.0s' $(seq 1200)) && echo deep")
+        assert result.startswith("deep\n[exit code 0]\n[the sandbox undid changes"), result
+        assert ".git/hooks/pre-commit (removed)" in result
+        assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
+        assert agent.tool_bash(guarded, "echo fine") == "fine\n[exit code 0]"
+        assert kept(workspace)[:4] == before[:4]
+    finally:  # left behind, the tree would crash a later pytest's clean-up of old temp folders (a recursive rmtree)
+        subprocess.run(["rm", "-rf", workspace / ".git" / "hooks" / "d"], check=True)
 
 
 def test_a_folder_made_unwritable_is_mended_before_what_it_holds_is_put_back(guarded, workspace):
