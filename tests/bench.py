@@ -553,7 +553,7 @@ def main() -> None:
         ("30-turn session: prefix repeated", f"{share * 100:.1f}%", "", "target >= 95%"),
         ("30-turn session: bytes sent", f"{sent / 1000:.0f} kB", "", ""),
         ("Bash `true` via tool_bash, sandboxed", *((f"{sandbox[1] * 1000:.2f} ms", f"{sandbox[0] * 1000:.2f} ms",
-          f"+{(sandbox[1] - sandbox[0]) * 1000:.2f} ms set-up (target <= 5 ms)") if sandbox else
+          f"{(sandbox[1] - sandbox[0]) * 1000:+.2f} ms set-up (target <= 5 ms)") if sandbox else
           ("n/a", "", "this kernel has no Landlock"))),
         ("PreToolUse hook `true` on every call", f"+{(hooked - plain) * 1000:.2f} ms a call",
          f"{shell * 1000:.2f} ms its process alone", f"{(hooked - plain) / shell:.2f}x its process"),
