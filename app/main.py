@@ -3457,7 +3457,8 @@ class McpServer:
                 self.send(message, deadline)
             else:
                 threading.Thread(target=self.deliver, args=(message, slot, deadline), daemon=True).start()
-            if not slot.wait(timeout):
+            # out of time, whether this wait or the reading thread (its keep-alives past the deadline) noticed first
+            if not slot.wait(timeout) or slot.message is None and time.monotonic() > deadline:
                 raise McpError(f"MCP server {self.name} did not answer {method} within {timeout:g} s")
         finally:
             self.pending.pop(number, None)

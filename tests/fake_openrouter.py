@@ -10,6 +10,7 @@ records every request.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -241,6 +242,7 @@ class FakeOpenRouter:
                     self.close_connection = True
                     self.connection.shutdown(2)
                 else:
-                    self.wfile.write(b"0\r\n\r\n")
+                    with contextlib.suppress(OSError):  # the client went away after the last event
+                        self.wfile.write(b"0\r\n\r\n")
 
         return Handler

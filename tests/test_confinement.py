@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -570,22 +571,45 @@ HOSTILE = [
 ]
 
 
-def as_nobody() -> list[str]:
+RUNTIME = """import json, os, sys, requests
+site = [p for p in sys.path if p.endswith("site-packages")]
+paths = (getattr(m, "__file__", None) or "" for m in list(sys.modules.values()) if "." not in m.__name__)
+print(json.dumps(sorted({os.path.join(s, os.path.relpath(p, s).split(os.sep)[0]) for p in paths for s in site
+                         if p.startswith(s + os.sep)})))
+"""  # the venv's packages the runtime imports: requests and its own (each a package folder or a module file)
+
+
+def readable_code(to: Path) -> Path:
+    """A copy of app/ and of the venv's runtime packages under `to`, readable by anyone: the checkout and its venv
+    may be in a folder nobody can read (a clone under a 0700 temp folder)."""
+    shutil.copytree(Path(PROGRAM).parent / "app", to / "app", ignore=shutil.ignore_patterns("__pycache__"))
+    (to / "packages").mkdir()
+    python = Path(PROGRAM).parent / ".venv" / "bin" / "python"
+    for path in map(Path, json.loads(subprocess.run([python, "-c", RUNTIME], capture_output=True, text=True,
+                                                    check=True).stdout)):
+        if path.is_dir():
+            shutil.copytree(path, to / "packages" / path.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(path, to / "packages" / path.name)
+    for path in [to, *to.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return to
+
+
+def as_nobody(code: Path) -> list[str]:
     """The program's command line for nobody: the system's Python 3.11 (the venv's lives under /root), with the
-    checkout and the venv's packages on its path."""
+    readable copy of the code and of the runtime packages on its path."""
     interpreter = shutil.which("python3.11", path="/usr/bin:/usr/local/bin")
     if not interpreter:
         pytest.skip("no Python 3.11 that nobody may run")
-    packages = next((Path(PROGRAM).parent / ".venv" / "lib").glob("python3*/site-packages"))
     start = "import sys; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]; from app.main import cli; cli()"
-    return [interpreter, "-P", "-c", start, str(Path(PROGRAM).parent), str(packages)]
+    return [interpreter, "-P", "-c", start, str(code), str(code / "packages")]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to become nobody")
 def test_the_attacks_fail_for_an_ordinary_user_too(serve, tmp_path):
-    base = Path("/var/tmp") / f"solo-nobody-{os.getpid()}"
-    shutil.rmtree(base, ignore_errors=True)
-    (base / "ws").mkdir(parents=True)
+    base = Path(tempfile.mkdtemp(prefix="solo-nobody-", dir="/var/tmp"))  # /tmp/pytest-of-root is root's alone
+    (base / "ws").mkdir()
     (base / "outside").mkdir()
     (base / "home").mkdir()
     for path in (base, base / "ws", base / "home"):
@@ -597,7 +621,8 @@ def test_the_attacks_fail_for_an_ordinary_user_too(serve, tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
         env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="sk-test-secret-123", HOME=str(base / "home"),
                    TMPDIR=str(base / "ws"))
-        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *as_nobody(),
+        nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        proc = subprocess.run([*nobody, *as_nobody(readable_code(base / "code")),
                                "-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"],
                               cwd=base / "ws", env=env, capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)

@@ -855,6 +855,22 @@ def test_http_answers_that_never_end_keep_mcp_timeout_and_mcp_tool_timeout(mcp, 
     assert silent.state == "failed" and "did not answer initialize within 1 s" in silent.error
 
 
+class LateEvent(threading.Event):
+    """An event whose waiter wakes a second late, as on a loaded machine."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return super().wait(None if timeout is None else timeout + 1)
+
+
+def test_no_answer_in_time_is_said_the_same_whichever_thread_notices_first(mcp, endless_http, monkeypatch):
+    """The reading thread may see the deadline pass (a keep-alive after it) before the waiting one wakes: the error
+    still names the request and its timeout (it once said only "did not finish its answer in time")."""
+    server = mcp(spec=endless_http({"initialize": True, "tools/list": True, "tools/call": False}).spec, timeout=2)
+    monkeypatch.setattr(agent.threading, "Event", LateEvent)  # the request's own slot
+    with pytest.raises(agent.ToolError, match="did not answer tools/call within 1 s"):
+        finishes(lambda: server.call("wait", {}, 1), 1 + MARGIN)
+
+
 def test_start_up_waits_at_most_mcp_timeout_for_all_servers_together(workspace, monkeypatch):
     """However a start hangs, the run goes on without that server after MCP_TIMEOUT."""
     monkeypatch.setattr(agent.McpServer, "start", lambda self, timeout: time.sleep(600))

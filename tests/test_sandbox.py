@@ -443,12 +443,16 @@ def test_the_note_is_only_for_what_the_sandbox_stopped(confined, outside, comman
 
 
 def test_a_missing_tmpdir_falls_back_to_the_system_temp_folder(serve, run, workspace):
-    server = serve(script([bash("touch /tmp/solo-sandbox-fallback-probe && echo ok", "probe")]))
-    result = run(["-p", "q", "--sandbox", "workspace-write", "-v"], cwd=workspace, base_url=server.url,
-                 env={"TMPDIR": "/no/such/tmp"})
-    assert result.code == 0 and tool_results(server.bodies[-1])["probe"] == "ok\n[exit code 0]", result.stderr
-    assert ", /tmp, /dev/shm; network off" in result.stderr  # as Python's tempfile does
-    os.unlink("/tmp/solo-sandbox-fallback-probe")
+    probe = Path("/tmp") / f"solo-sandbox-fallback-probe-{os.getpid()}-{time.monotonic_ns()}"  # this run's own
+    server = serve(script([bash(f"touch {probe} && echo ok", "probe")]))
+    try:
+        result = run(["-p", "q", "--sandbox", "workspace-write", "-v"], cwd=workspace, base_url=server.url,
+                     env={"TMPDIR": "/no/such/tmp"})
+        assert result.code == 0 and tool_results(server.bodies[-1])["probe"] == "ok\n[exit code 0]", result.stderr
+        assert ", /tmp, /dev/shm; network off" in result.stderr  # as Python's tempfile does
+        assert probe.exists()
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("flags, env, message", [
@@ -934,13 +938,18 @@ def test_a_commondir_or_a_submodule_cannot_move_git_config_or_hooks_out_of_reach
 
 def test_a_tree_too_deep_to_walk_under_the_hooks_is_undone_and_the_run_goes_on(guarded, workspace):
     before = kept(workspace)
-    result = agent.tool_bash(guarded, "cd .git/hooks && echo evil > pre-commit && "
-                                      "for i in $(seq 1200); do mkdir d && cd d || exit 1; done; echo deep")
-    assert result.startswith("deep\n[exit code 0]\n[the sandbox undid changes"), result
-    assert ".git/hooks/pre-commit (removed)" in result
-    assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
-    assert agent.tool_bash(guarded, "echo fine") == "fine\n[exit code 0]"
-    assert kept(workspace)[:4] == before[:4]
+    # 1,200 folders deep, past Python's recursion limit; one mkdir (a shell loop of 1,200 took a minute on a loaded
+    # machine: each `cd` walks the whole path again)
+    try:
+        result = agent.tool_bash(guarded, "cd .git/hooks && echo evil > pre-commit && "
+                                          "mkdir -p $(printf 'd/%.0s' $(seq 1200)) && echo deep")
+        assert result.startswith("deep\n[exit code 0]\n[the sandbox undid changes"), result
+        assert ".git/hooks/pre-commit (removed)" in result
+        assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
+        assert agent.tool_bash(guarded, "echo fine") == "fine\n[exit code 0]"
+        assert kept(workspace)[:4] == before[:4]
+    finally:  # left behind, the tree would crash a later pytest's clean-up of old temp folders (a recursive rmtree)
+        subprocess.run(["rm", "-rf", workspace / ".git" / "hooks" / "d"], check=True)
 
 
 def test_a_folder_made_unwritable_is_mended_before_what_it_holds_is_put_back(guarded, workspace):
