@@ -124,6 +124,8 @@ BACKGROUND_GRACE = 0.3  # seconds to drain output after the shell exits before g
 SEARCH_SECONDS = 30.0  # Glob and Grep stop here: a huge tree or a runaway regex must not hang the agent
 SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "WEBHOOK")  # anywhere
 SECRET_PARTS = {"PASS", "PAT", "AUTH", "PWD", "DSN"}  # as a whole part of a name: GITHUB_PAT, not PATH; MYSQL_PWD
+SECRET_ENDINGS = ("PASS", "PWD")  # as the end of a part too: PGPASS, SMTPPASS, DBPASS, DBPWD
+PLAIN_WORDS = {"COMPASS", "BYPASS", "ENCOMPASS", "SURPASS", "TRESPASS", "OVERPASS", "UNDERPASS", "OLDPWD"}  # not those
 NOT_SECRETS = {"SSH_AUTH_SOCK", "PWD", "OLDPWD"}  # a socket's path, the working directories
 SECRET_URL = re.compile(r"://[^/\s:@]*:[^\s@]+@")  # a URL with a password, anywhere in the value
 SKIP_DIRS = {".git", ".hg", ".svn"}
@@ -185,7 +187,7 @@ class Config(NamedTuple):
     allowed: tuple[str, ...] = ()  # --allowed-tools: Claude Code's rules approved without asking (Bash(git:*), mcp__s)
     disallowed: tuple[str, ...] = ()  # --disallowed-tools: rules refused without asking
     mcp: tuple[tuple[str, dict], ...] = ()  # --mcp-config's servers: name and settings (variables filled in)
-    project_mcp: tuple[tuple[str, dict], ...] = ()  # the working directory's .mcp.json: started only when approved
+    project_mcp: tuple[tuple[str, dict], ...] = ()  # the working directory's .mcp.json (${VAR} as written): approved?
     mcp_timeout: float = 10.0  # seconds the servers together may take to start (initialize, tools/list)
     mcp_tool_timeout: float = 120.0  # seconds one MCP tool call may take
     append_system_prompt: str = ""
@@ -549,11 +551,16 @@ SYSCALLS = {  # name: number on x86_64, on aarch64 (checked against the kernel h
     "mount_setattr": (442, 442), "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53),
     "fchmodat2": (452, 452), "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7),
     "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16), "prlimit64": (302, 261),
+    "socketpair": (53, 199), "setpriority": (141, 140), "ioprio_set": (251, 30), "sched_setparam": (142, 118),
+    "sched_setscheduler": (144, 119), "sched_setaffinity": (203, 122), "sched_setattr": (314, 274),
 }
+SELF_CALLS = ("sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr")  # pid first: 0 is the caller
+WHICH_CALLS = {"setpriority": 0, "ioprio_set": 1}  # (which, who): only which = this value (a process) and who = 0
 MODE_CALLS = {"chmod": 24, "fchmod": 24, "fchmodat": 32, "fchmodat2": 32}  # where their mode argument is
 XATTR_CALLS = ("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr")
 REFUSED_CALLS = tuple(name for name in SYSCALLS if name not in (
-    "socket", "ioctl", "clone", "clone3", "capset", "prlimit64", *MODE_CALLS, *XATTR_CALLS))
+    "socket", "ioctl", "clone", "clone3", "capset", "prlimit64", "socketpair", *MODE_CALLS, *XATTR_CALLS, *SELF_CALLS,
+    *WHICH_CALLS))
 AUDIT_ARCHES = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # ioctls that type into or redraw a terminal
@@ -612,12 +619,19 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
     """The seccomp filter of confined commands: the system calls that reach other processes, the kernel's keys,
     mounts, namespaces and io_uring (which bypasses seccomp) refused; sockets only of the kinds allowed
     (socketpair always); no ioctl that types into a terminal; no set-user-ID or set-group-ID bit set and no extended
-    attribute changed (Landlock does not govern either); no limit of another process set (prlimit). Another
+    attribute changed (Landlock does not govern either); no limit of another process set (prlimit), nor its
+    scheduling (the zygote's, another command's: only pid or who 0, the caller). Without unix sockets, socketpair
+    only of connected kinds (stream, seqpacket): a datagram pair's socket could be connected or sendto() any
+    pathname socket outside (/dev/log), and the filter cannot read the address a call passes. Another
     architecture's calls kill the process."""
     nr = {name: numbers[machine == "aarch64"] for name, numbers in SYSCALLS.items()
           if numbers[machine == "aarch64"] is not None}
     modes = [(BPF_JEQ, nr[name], f"mode{offset}") for name, offset in MODE_CALLS.items() if name in nr]
     inet = [(BPF_JEQ, 2, "inet"), (BPF_JEQ, 10, "inet")] if network else []  # AF_INET, AF_INET6
+    targets = [*[(BPF_JEQ, nr[name], "self") for name in SELF_CALLS],
+               *[(BPF_JEQ, nr[name], f"which{which}") for name, which in WHICH_CALLS.items()]]
+    whiches = [row for which in WHICH_CALLS.values() for row in (
+        f"which{which}", (BPF_LD, 16), (BPF_JEQ, which, None, "deny"), (BPF_LD, 24), (BPF_JEQ, 0, "allow", "deny"))]
     return bpf_program([
         (BPF_LD, 4), (BPF_JEQ, AUDIT_ARCHES[machine], None, "kill"), (BPF_LD, 0),
         *([(BPF_JGE, 0x40000000, "deny")] if machine == "x86_64" else []),  # x32 calls
@@ -625,7 +639,7 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
         (BPF_JEQ, nr["clone3"], "nosys"),  # its flags cannot be read: ENOSYS makes the C library use clone
         (BPF_JEQ, nr["socket"], "socket"), (BPF_JEQ, nr["ioctl"], "ioctl"), (BPF_JEQ, nr["clone"], "clone"),
         *modes, *[(BPF_JEQ, nr[name], "noxattr") for name in XATTR_CALLS], (BPF_JEQ, nr["prlimit64"], "prlimit"),
-        (BPF_RET, SECCOMP_ALLOW),
+        *targets, *([] if unix else [(BPF_JEQ, nr["socketpair"], "pair")]), (BPF_RET, SECCOMP_ALLOW),
         "socket", (BPF_LD, 16), *([(BPF_JEQ, 1, "allow")] if unix else []), *inet, (BPF_RET, SECCOMP_EPERM),
         "inet", (BPF_LD, 24), (BPF_AND, 0xF), (BPF_JEQ, 1, "protocol"), (BPF_JEQ, 2, "protocol", "deny"),
         "protocol", (BPF_LD, 32), (BPF_JEQ, 0, "allow"), (BPF_JEQ, 6, "allow"), (BPF_JEQ, 17, "allow", "deny"),
@@ -636,6 +650,9 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
         "noxattr", (BPF_RET, SECCOMP_EOPNOTSUPP),
         "prlimit", (BPF_LD, 16), (BPF_JEQ, 0, "allow"), (BPF_LD, 32), (BPF_JEQ, 0, None, "deny"),  # another process's
         (BPF_LD, 36), (BPF_JEQ, 0, "allow", "deny"),  # limits may be read (no new ones), not set
+        "self", (BPF_LD, 16), (BPF_JEQ, 0, "allow", "deny"),
+        *whiches,
+        "pair", (BPF_LD, 24), (BPF_AND, 0xF), (BPF_JEQ, 1, "allow"), (BPF_JEQ, 5, "allow", "deny"),  # stream, seqpacket
         "allow", (BPF_RET, SECCOMP_ALLOW), "deny", (BPF_RET, SECCOMP_EPERM), "nosys", (BPF_RET, SECCOMP_ENOSYS),
         "kill", (BPF_RET, SECCOMP_KILL),
     ])
@@ -1784,9 +1801,10 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
 
 def is_secret(name: str, value: str) -> bool:
     """Whether a variable looks like it holds a secret, by its name or its value."""
-    upper = name.upper()
+    upper, parts = name.upper(), re.split(r"[^A-Z]+", name.upper())
+    endings = any(part.endswith(SECRET_ENDINGS) and part not in PLAIN_WORDS for part in parts)
     return name not in NOT_SECRETS and (any(word in upper for word in SECRET_WORDS) or bool(SECRET_URL.search(value))
-                                        or not SECRET_PARTS.isdisjoint(re.split(r"[^A-Z]+", upper)))
+                                        or not SECRET_PARTS.isdisjoint(parts) or endings)
 
 
 def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, str]:
@@ -3266,12 +3284,18 @@ def expand_vars(value: Any, env: dict[str, str]) -> Any:
     return {key: expand_vars(item, env) for key, item in value.items()} if isinstance(value, dict) else value
 
 
-def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dict], ...]:
-    """(name, settings) of every server in these Claude Code `.mcp.json` files or JSON texts; UsageError when
-    one is not readable JSON of that shape. The API key is never filled in (nor a variable holding it)."""
+def fillable(env: dict[str, str]) -> dict[str, str]:
+    """The variables a config's ${VAR} may be filled from: never the API key, nor a variable holding it."""
     key = env.get("OPENROUTER_API_KEY", "").strip()
-    env = {name: value for name, value in env.items()
-           if name != "OPENROUTER_API_KEY" and not (len(key) >= 8 and key in value)}  # as short as redact() allows
+    return {name: value for name, value in env.items()
+            if name != "OPENROUTER_API_KEY" and not (len(key) >= 8 and key in value)}  # as short as redact() allows
+
+
+def mcp_servers(sources: list[str], env: dict[str, str] | None) -> tuple[tuple[str, dict], ...]:
+    """(name, settings) of every server in these Claude Code `.mcp.json` files or JSON texts, ${VAR} filled in
+    from `env` (None: left as written); UsageError when one is not readable JSON of that shape. The API key is
+    never filled in (nor a variable holding it)."""
+    env = fillable(env) if env is not None else None
     servers: dict[str, dict] = {}
     for source in sources:
         try:
@@ -3287,8 +3311,21 @@ def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dic
             if wrong:
                 raise UsageError(f"cannot use the MCP config {one_line(source, 80)}: server {name}'s "
                                  f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not of the right type")
-            servers[name] = expand_vars(spec, env)
+            servers[name] = expand_vars(spec, env) if env is not None else spec
     return tuple(servers.items())
+
+
+def project_servers(specs: tuple[tuple[str, dict], ...], env: dict[str, str], passed: tuple[str, ...],
+                    notice: Callable[[str], None]) -> tuple[tuple[str, dict], ...]:
+    """A project's approved .mcp.json servers with ${VAR} filled in only from what commands may see: a
+    secret-looking variable (or the key) is left out, as if unset, with one line naming it (never its value)."""
+    shown = fillable(command_env(env, passed))
+    hidden = sorted({name for _, spec in specs for name in re.findall(r"\$\{(\w+)", json.dumps(spec))
+                     if env.get(name) and name not in shown})
+    if hidden:
+        notice(f"left out of .mcp.json's servers, as if unset: {', '.join(hidden)} (secret-looking variables "
+               "reach a project's servers only when passed by name: SOLO_PASS_ENV or --pass-env)")
+    return tuple((name, expand_vars(spec, shown)) for name, spec in specs)
 
 
 class McpServer:
@@ -3335,8 +3372,29 @@ class McpServer:
                 if self.state == "starting":
                     self.tools, self.state = tools, "connected"
         except (McpError, OSError, requests.RequestException, ValueError, RecursionError) as error:
-            self.fail(one_line(str(error), 160))
+            self.fail(one_line(self.why(error), 160))
             self.stop()
+
+    def where(self) -> str:
+        """The server's URL as a line may show it: scheme, host and port (its path, query or password may hold a
+        secret); its name for a server without one."""
+        import urllib.parse  # already loaded by requests: free
+        parts = urllib.parse.urlsplit(str(self.spec.get("url") or ""))
+        return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}" if parts.netloc else self.name
+
+    def why(self, error: BaseException) -> str:
+        """What went wrong, told without the server's URL beyond where() or its headers' values."""
+        if isinstance(error, requests.RequestException):  # its text repeats the URL, query included
+            return f"cannot reach {self.where()} ({type(error).__name__})"
+        import urllib.parse  # already loaded by requests: free
+        parts = urllib.parse.urlsplit(url := str(self.spec.get("url") or ""))
+        values = [str(v) for v in (self.spec.get("headers") or {}).values()]
+        given = [url, parts.path + "?" + parts.query, parts.query, parts.password or "", *parts.query.split("&"),
+                 *values, *(value.split()[-1] for value in values if value.split())]
+        text = str(error)
+        for secret in sorted(given, key=len, reverse=True):
+            text = text.replace(secret, "***") if len(secret) >= 4 else text
+        return text
 
     def spawn(self) -> None:
         """The server's process, its output read by a thread, its stderr kept off the terminal, its exit watched."""
@@ -3419,7 +3477,7 @@ class McpServer:
             if response.headers.get("Mcp-Session-Id"):
                 self.headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
             if response.status_code >= 400:
-                raise McpError(f"HTTP {response.status_code} from {self.spec['url']}")
+                raise McpError(f"HTTP {response.status_code} from {self.where()}")
             if "method" not in message or "id" not in message:  # a notification or an answer: nothing to read
                 return
             chunks = in_time(response.iter_content(chunk_size=None), deadline, f"MCP server {self.name}")
@@ -3438,7 +3496,7 @@ class McpServer:
             if slot.message is None:
                 raise McpError(f"MCP server {self.name} ended its answer to {message['method']} without a result")
         except Exception as error:  # the thread's edge: whatever went wrong is what the caller raises
-            slot.failure = error if isinstance(error, McpError) else McpError(str(error))
+            slot.failure = error if isinstance(error, McpError) else McpError(self.why(error))
         slot.set()
 
     def request(self, method: str, params: dict, timeout: float) -> dict:
@@ -3470,7 +3528,7 @@ class McpServer:
         try:
             result = self.request("tools/call", {"name": tool, "arguments": arguments}, timeout)
         except (McpError, OSError, requests.RequestException, ValueError) as error:
-            raise ToolError(str(error)) from None
+            raise ToolError(self.why(error)) from None
         parts = []
         for part in result.get("content") or []:
             kind = part.get("type") if isinstance(part, dict) else None
@@ -4366,38 +4424,17 @@ class Trust(NamedTuple):
     settings: bool = False  # the project's settings files may loosen rules and run hooks (approved, or none to approve)
 
 
-def committed(path: Path) -> bool:
-    """Whether git tracks a file, read from the repository's index without running git (whose config is the
-    repository's); True when that cannot be told."""
-    root = next((folder for folder in path.parents if (folder / ".git").exists()), None)
-    if root is None:
-        return False
-    try:
-        name = path.relative_to(root).as_posix().encode()
-        with open(os.open(root / ".git" / "index", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            data = f.read(1 << 26) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else b""
-    except (OSError, ValueError):
-        return (root / ".git").is_file()  # a worktree's index is elsewhere: cannot be told
-    at = data.find(name + b"\0")
-    while at >= 2:
-        if int.from_bytes(data[at - 2: at], "big") & 0xFFF == min(len(name), 0xFFF):  # the entry's name length
-            return True
-        at = data.find(name + b"\0", at + 1)
-    return False
-
-
 def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
-    """Claude Code's keys from the user's ~/.claude/settings.json, the project's .claude/settings.local.json in the
-    working directory and --settings (never its shared .claude/settings.json, which a repository brings): enable
-    all, enabled and disabled names."""
-    local = str(cfg.cwd / ".claude" / "settings.local.json")
-    local = "" if committed(Path(local)) else local  # one a repository brings is the repository's, not yours
+    """Claude Code's keys: enable all and enabled names from the user's own ~/.claude/settings.json and --settings
+    only (a file in the project folder is the repository's, whatever git says); disabled names from any file."""
     every, enabled, disabled = False, set(), set()
     for layer in cfg.settings:  # the later file wins enableAllProjectMcpServers
-        if layer.scope in ("user", "flag") or layer.path == local:
+        if layer.scope in ("user", "flag"):
             every = layer.data.get("enableAllProjectMcpServers", every)
             enabled.update(layer.data.get("enabledMcpjsonServers", []))
-            disabled.update(layer.data.get("disabledMcpjsonServers", []))
+        elif layer.data.get("enableAllProjectMcpServers") is False:  # a project's file may only hold back
+            every = False
+        disabled.update(layer.data.get("disabledMcpjsonServers", []))
     return every, enabled, disabled
 
 
@@ -4465,7 +4502,7 @@ def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: 
     if skipped and "mcp" not in just_asked:  # a "no" just typed needs no line
         notice(f"not starting .mcp.json's MCP servers {', '.join(skipped)}: {refusal(answers['mcp'])}; to approve "
                "them, start a session here and answer y, or name them in enabledMcpjsonServers in "
-               ".claude/settings.local.json")
+               "~/.claude/settings.json")
     if imports and not answers.get("imports") and "imports" not in just_asked:
         notice(f"left out CLAUDE.md's imports from outside the repository ({', '.join(map(str, imports))}): "
                f"{refusal(answers['imports'])}; to approve them, start a session here and answer y")
@@ -5762,7 +5799,8 @@ class Agent:
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
                                delegate=self.delegate, side=self.side, blind=self.blind, pages={})
-        self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner,  # confined too
+        project = project_servers(self.trust.servers, env, cfg.pass_env, self.notice)
+        self.servers = start_mcp(cfg, [*cfg.mcp, *project], tool_env, emit, self.spawner,  # confined too
                                  relay)  # SDK mode: in-process servers of the SDK
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
@@ -6233,7 +6271,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         read_timeout=args.read_timeout or env_number(env, "SOLO_READ_TIMEOUT", 300.0),
         max_attempts=int(env_number(env, "SOLO_MAX_ATTEMPTS", 6)), output_format=args.output_format,
         tools=select_tools(args.tools), allowed=rule_list(args.allowed_tools), disallowed=rule_list(args.disallowed_tools),
-        mcp=tuple(mcp.items()), project_mcp=tuple((n, s) for n, s in mcp_servers(project, env) if n not in mcp),
+        mcp=tuple(mcp.items()), project_mcp=tuple((n, s) for n, s in mcp_servers(project, None) if n not in mcp),
         mcp_timeout=env_number(env, "MCP_TIMEOUT", 10), mcp_tool_timeout=env_number(env, "MCP_TOOL_TIMEOUT", 120),
         append_system_prompt="\n\n".join(filter(None, [args.append_system_prompt, prompt_file(
             args.append_system_prompt_file)])), trace_path=args.trace, home=home,
