@@ -129,6 +129,7 @@ PLAIN_WORDS = {"COMPASS", "BYPASS", "ENCOMPASS", "SURPASS", "TRESPASS", "OVERPAS
 NOT_SECRETS = {"SSH_AUTH_SOCK", "PWD", "OLDPWD"}  # a socket's path, the working directories
 SECRET_URL = re.compile(r"://[^/\s:@]*:[^\s@]+@")  # a URL with a password, anywhere in the value
 SKIP_DIRS = {".git", ".hg", ".svn"}
+LINK_SCAN = 20_000  # entries looked at for another hard link a Read or Edit rule names (see names_a_link)
 SNIFF_BYTES = 8192  # bytes looked at to decide whether a file is text
 SKILL_LIMIT = 256_000  # bytes of one SKILL.md
 
@@ -2205,8 +2206,9 @@ class Command(NamedTuple):
     body: str
 
 
-def discover_commands(folders: list[Path]) -> dict[str, Command]:
-    """Custom commands under each folder's .claude/commands (subfolders too), earlier folders winning."""
+def discover_commands(folders: list[Path], untrusted: Path | None = None) -> dict[str, Command]:
+    """Custom commands under each folder's .claude/commands (subfolders too), earlier folders winning; those of the
+    `untrusted` folder (a project the user has not trusted) grant no tools: their !`lines` ask like any command."""
     commands: dict[str, Command] = {}
     for base in folders:
         for file in sorted((base / ".claude" / "commands").rglob("*.md")):
@@ -2216,8 +2218,16 @@ def discover_commands(folders: list[Path]) -> dict[str, Command]:
                 allowed = tuple(re.findall(r"[\w.-]+(?:\([^)]*\))?", fields.get("allowed-tools", "")))
                 commands.setdefault(file.stem, Command(file.stem, fields.get("description") or one_line(body, 60),
                                                        fields.get("argument-hint", ""), fields.get("model", ""),
-                                                       allowed, body.strip()))
+                                                       () if base == untrusted else allowed, body.strip()))
     return commands
+
+
+def command_grants(cwd: Path, home: Path | None) -> dict[str, list[str]]:
+    """What the project's own commands (the working directory's, not the user's ~/.claude/commands, which win a
+    name clash) would let run without a question, by command: it waits for the user's trust."""
+    mine = discover_commands([home]) if home else {}
+    theirs = discover_commands([cwd]) if cwd != home else {}
+    return {f"/{name}": list(c.allowed) for name, c in theirs.items() if c.allowed and name not in mine}
 
 
 def attach_mentions(cwd: Path, text: str, inside: bool = False) -> str:
@@ -3973,29 +3983,63 @@ def wildcard(pattern: str, text: str) -> bool:
     return True
 
 
-def path_matches(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
-    """Whether a Read or Edit rule's gitignore-style path matches an absolute path: //abs, ~/in-home,
-    /relative-to-the-settings-file's-folder, and relative (or ./relative) to the working directory; a pattern
-    with no / inside matches at any depth, and a folder matches everything beneath it."""
+def rule_anchor(rule: Rule, cwd: Path, home: Path | None) -> tuple[str, str] | None:
+    """The folder a Read or Edit rule's path is relative to, and its pattern there: //abs, ~/in-home,
+    /relative-to-the-settings-file's-folder, and relative (or ./relative) to the working directory, where a
+    pattern with no / inside matches at any depth; None for ~/ without a home."""
     spec = rule.spec or ""
     if spec.startswith("//"):
         root, pattern = "/", spec[2:]
     elif spec.startswith("~/"):
         if home is None:
-            return False
+            return None
         root, pattern = str(home), spec[2:]
     elif spec.startswith("/"):
         root, pattern = str(rule.base), spec[1:]
     else:
         root, pattern = str(cwd), spec.removeprefix("./")
         pattern = pattern if "/" in pattern.rstrip("/") or spec.startswith("./") else "**/" + pattern
-    pattern = pattern.rstrip("/") or "**"
+    return root, pattern.rstrip("/") or "**"
+
+
+def path_matches(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
+    """Whether a Read or Edit rule's gitignore-style path (see rule_anchor) matches an absolute path; a folder
+    matches everything beneath it."""
+    if (anchor := rule_anchor(rule, cwd, home)) is None:
+        return False
+    root, pattern = anchor
     rel = os.path.relpath(path, root)
     if rel.startswith("../") or rel == "..":
         return False
     regex = re.compile(glob_regex(pattern) + r"\Z", re.DOTALL)
     pieces = rel.split("/")
     return any(regex.match("/".join(pieces[:n])) for n in range(1, len(pieces) + 1)) or rel == "." and pattern == "**"
+
+
+def names_a_link(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
+    """Whether a Read or Edit rule names another hard link of a file (the same st_dev and st_ino): looked for
+    beneath the folder its pattern starts from, LINK_SCAN entries at most; past them, a file with other links is
+    taken as named (refused rather than guessed)."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink < 2 or (anchor := rule_anchor(rule, cwd, home)) is None:
+        return False
+    fixed = itertools.takewhile(lambda piece: not re.search(r"[*?\[\\]", piece), anchor[1].split("/"))
+    base, seen = os.path.join(anchor[0], *fixed), 0
+    tree = os.walk(base) if os.path.isdir(base) else [(os.path.dirname(base), [], [os.path.basename(base)])]
+    for folder, folders, files in tree:
+        folders[:] = [name for name in folders if name not in SKIP_DIRS]
+        for name in files:
+            with contextlib.suppress(OSError):
+                other = os.lstat(os.path.join(folder, name))
+                if (other.st_dev, other.st_ino) == (info.st_dev, info.st_ino) and \
+                        path_matches(rule, os.path.join(folder, name), cwd, home):
+                    return True
+        if (seen := seen + len(files) + len(folders)) > LINK_SCAN:
+            return True
+    return False
 
 
 def call_paths(tool: str, args: dict, cwd: Path) -> list[str]:
@@ -4021,8 +4065,9 @@ def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None
         return True
     if rule.tool in ("Read", "Edit"):
         paths = call_paths(tool, args, cwd)
-        if loose:
-            return any(path_matches(rule, path, cwd, home) for path in paths)
+        if loose:  # any name of the file: as written, where links lead, another hard link of it
+            return any(path_matches(rule, path, cwd, home) for path in paths) or \
+                any(names_a_link(rule, path, cwd, home) for path in paths[-1:])
         return bool(paths) and path_matches(rule, paths[-1], cwd, home)  # where links lead
     if rule.tool == "WebFetch" and rule.spec.startswith("domain:"):
         return host_of(str(args.get("url", ""))) == rule.spec[7:]
@@ -4421,7 +4466,7 @@ class Trust(NamedTuple):
     servers: tuple[tuple[str, dict], ...] = ()  # .mcp.json's servers the user approved
     imports: frozenset[Path] = frozenset()  # files outside the repository its instructions may import
     skipped: tuple[str, ...] = ()  # .mcp.json's servers left out for want of approval
-    settings: bool = False  # the project's settings files may loosen rules and run hooks (approved, or none to approve)
+    settings: bool = False  # its settings may loosen rules and run hooks, its commands grant tools (approved, or none)
 
 
 def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
@@ -4436,6 +4481,13 @@ def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
             every = False
         disabled.update(layer.data.get("disabledMcpjsonServers", []))
     return every, enabled, disabled
+
+
+def trust_subject(cfg: Config, layers: tuple[Layer, ...]) -> dict:
+    """What the project's settings files and its own custom commands (their allowed-tools) ask for that needs the
+    user's trust, by file or folder; {} when nothing does."""
+    grants = command_grants(cfg.cwd, cfg.home)
+    return {**settings_subject(layers), **({str(cfg.cwd / ".claude" / "commands"): grants} if grants else {})}
 
 
 def outside_imports(cfg: Config) -> list[Path]:
@@ -4469,7 +4521,9 @@ def trust_question(cfg: Config, servers: list[tuple[str, dict]], imports: list[P
         lines += ["  files outside the repository that its CLAUDE.md imports into the model's instructions:"]
         lines += [f"    {visible(str(path))}" for path in imports]
     for path, wanted in settings.items():
-        lines += [f"  settings from {visible(path)} that allow more or run commands (hooks):"]
+        lines += [f"  custom commands in {visible(path)} that let tools run without asking (allowed-tools):"
+                  if Path(path).name == "commands" else f"  settings from {visible(path)} that allow more or run "
+                  "commands (hooks):"]
         lines += [f"    {key}: {visible(json.dumps(value, ensure_ascii=False))}" for key, value in wanted.items()]
     return "\n".join(lines)
 
@@ -4486,7 +4540,7 @@ def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: 
     every, enabled, disabled = mcp_settings(cfg) if cfg.project_mcp else (False, set(), set())
     pending = [(n, s) for n, s in cfg.project_mcp if n not in disabled and not (every or n in enabled)]
     imports = outside_imports(cfg)
-    settings = settings_subject(cfg.settings)
+    settings = trust_subject(cfg, cfg.settings)
     subjects = {"mcp": dict(cfg.project_mcp), "imports": sorted(map(str, imports)), "settings": settings}
     answers = {kind: approved(cfg.solo_home, cfg.cwd, kind, subjects[kind])
                for kind, wanted in (("mcp", pending), ("imports", imports), ("settings", settings)) if wanted}
@@ -5788,7 +5842,8 @@ class Agent:
                 f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
         self.shells, self.asking = Shells(), threading.Lock()  # asking: one permission question at a time
         self.turns = 0  # prompts run: a sub-agent left running by a cancelled one stops at its next step
-        self.commands = discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))  # .claude/commands
+        self.commands = discover_commands(([cfg.home] if cfg.home else []) + [cfg.cwd],  # .claude/commands, yours
+                                          None if self.trust.settings or cfg.cwd == cfg.home else cfg.cwd)  # first
         sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
@@ -6029,7 +6084,7 @@ class Agent:
         self.notice(f"saved {', '.join(texts)} in {path}")
         if self.trust.settings:  # only the project's files make the subject, and only those this run read
             sources = tuple({layer.scope for layer in self.cfg.settings if from_project(layer)} | {"local"})
-            if subject := settings_subject(read_settings(sources, None, self.cfg.cwd)):
+            if subject := trust_subject(self.cfg, read_settings(sources, None, self.cfg.cwd)):
                 approve(self.cfg.solo_home, self.cfg.cwd, "settings", subject, True)
 
 
@@ -7824,7 +7879,7 @@ class Session:
         if not any(agent.rules.values()):
             self.reporter.say("no permission rules (settings files: permissions.allow, ask, deny)")
         if not agent.trust.settings:
-            waiting = settings_subject(agent.cfg.settings)
+            waiting = trust_subject(agent.cfg, agent.cfg.settings)
             self.reporter.say(f"not in force until you trust this folder: {visible(json.dumps(waiting))} (/trust, then "
                               "start a session here)")
         self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
