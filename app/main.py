@@ -4413,7 +4413,9 @@ def merged(results: list[HookResult]) -> HookResult:
 
 # --- Project trust --------------------------------------------------------------------------------
 # A cloned repository is not the user: what a project's own files ask for (MCP servers to start, files from
-# outside it to import) is used only once the user approved it, for that folder and that exact content.
+# outside it to import, settings that allow or run, its commands' allowed-tools) is used only once the user
+# approved it, for that folder and that exact content. Approvals come from the user alone: their answer here,
+# their own ~/.claude/settings.json and --settings; never a file inside the project folder, whatever git says.
 # Answers live in SOLO_HOME/trust.json: {"format": 1, "projects": {"<folder>": {"<kind>": {"sha256": hash of
 # what was approved, "approved": true|false, "time": ISO 8601}}}}; a kind's newer answer replaces its older one.
 
