@@ -555,7 +555,7 @@ SYSCALLS = {  # name: number on x86_64, on aarch64 (checked against the kernel h
     "socketpair": (53, 199), "setpriority": (141, 140), "ioprio_set": (251, 30), "sched_setparam": (142, 118),
     "sched_setscheduler": (144, 119), "sched_setaffinity": (203, 122), "sched_setattr": (314, 274),
 }
-SELF_CALLS = ("sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr")  # pid first: 0 is the caller
+SELF_CALLS = ("sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr")  # pid first; 0: the caller
 WHICH_CALLS = {"setpriority": 0, "ioprio_set": 1}  # (which, who): only which = this value (a process) and who = 0
 MODE_CALLS = {"chmod": 24, "fchmod": 24, "fchmodat": 32, "fchmodat2": 32}  # where their mode argument is
 XATTR_CALLS = ("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr")

@@ -663,6 +663,7 @@ HOSTILE = [
     "echo escaped > {outside}/escaped",
     python("import socket; " + DATAGRAM_PAIRS["sendto"].format(path="{outside}/log.sock") + "; print(\"sent\")"),
     "renice -n 10 -p 1; chrt -i -p 0 1; taskset -p 1 1; nice -n 5 echo nice-ran",  # issue 29
+    "env | grep -c pg-secret",  # PGPASS: a suffix is secret too (issue 29)
 ]
 
 
@@ -696,7 +697,7 @@ def test_the_attacks_fail_for_an_ordinary_user_too(serve, tmp_path):
                                for i, c in enumerate(HOSTILE)]))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
         env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="sk-test-secret-123", HOME=str(base / "home"),
-                   TMPDIR=str(base / "ws"))
+                   TMPDIR=str(base / "ws"), PGPASS="pg-secret-41")
         proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *as_nobody(),
                                "-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"],
                               cwd=base / "ws", env=env, capture_output=True, text=True, timeout=60,
@@ -711,6 +712,7 @@ def test_the_attacks_fail_for_an_ordinary_user_too(serve, tmp_path):
         with pytest.raises(BlockingIOError):
             log.recv(100)
         assert results[5].count("not permitted") == 3 and "nice-ran" in results[5], results[5]
+        assert results[6].startswith("0\n"), results[6]
     finally:
         log.close()
         shutil.rmtree(base, ignore_errors=True)

@@ -355,6 +355,28 @@ def test_a_repository_cannot_approve_its_own_servers_or_hooks_however_it_is_laid
     assert not any(name.startswith("mcp__") for name in tool_names(server.bodies[0]))
 
 
+def test_a_session_still_asks_however_the_repository_approves_itself_and_n_starts_nothing(serve, terminal,
+                                                                                          workspace, listener):
+    """In a session the planted approval skips no question: it shows the servers as written (the ${VAR}, not a
+    value), and n starts nothing and runs no hook of the project's."""
+    record = workspace.parent / "record"
+    plant_everything(workspace, record, listener)
+    symlinked_claude(workspace)
+    server = serve(lambda body: reply("ok"))
+    env = program_env(workspace, server.url, {"AWS_SECRET_ACCESS_KEY": AWS})
+    term = terminal(server, env=env, first=r"\[y/n\] ")
+    assert "exfil: " + listener.url + "?k=${AWS_SECRET_ACCESS_KEY}" in term.transcript
+    assert AWS not in term.transcript and "hooks" in term.transcript
+    term.send("n\r")
+    term.expect(PROMPT)
+    term.send("hi\r")
+    term.expect("ok")
+    term.expect(PROMPT)
+    term.send("/exit\r")
+    assert term.wait() == 0
+    assert not record.exists() and not Path(f"{record}.hook").exists() and listener.seen == []
+
+
 def test_a_server_the_user_approves_starts_but_a_projects_config_gets_no_secret(serve, run, workspace, listener):
     """The user's own ~/.claude/settings.json approves: the servers start; the project's ${AWS_SECRET_ACCESS_KEY} is
     left out (as if unset) with one line naming it, never its value."""
