@@ -4562,9 +4562,10 @@ def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: 
     if imports and not answers.get("imports") and "imports" not in just_asked:
         notice(f"left out CLAUDE.md's imports from outside the repository ({', '.join(map(str, imports))}): "
                f"{refusal(answers['imports'])}; to approve them, start a session here and answer y")
-    if settings and not answers.get("settings") and "settings" not in just_asked:
-        keys = ", ".join(dict.fromkeys(key for wanted in settings.values() for key in wanted))
-        notice(f"ignored what this project's settings allow or run ({keys} in {', '.join(settings)}): "
+    told = {path: wanted for path, wanted in settings.items() if ask or Path(path).name != "commands"}  # -p asks
+    if told and not answers.get("settings") and "settings" not in just_asked:  # nothing: its commands' grants are moot
+        keys = ", ".join(dict.fromkeys(key for wanted in told.values() for key in wanted))
+        notice(f"ignored what this project's settings allow or run ({keys} in {', '.join(told)}): "
                f"{refusal(answers['settings'])}; their deny and ask rules still hold. To approve, start a session "
                "here and answer y")
     servers = tuple((n, s) for n, s in cfg.project_mcp if n not in disabled and n not in skipped)

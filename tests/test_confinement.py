@@ -228,7 +228,8 @@ def test_connected_socketpairs_still_work_and_unix_sockets_on_allows_datagram_pa
              "socket.SOCK_SEQPACKET) for flags in (0, socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)]; print(\"pairs\")")
     sock, path = log_socket
     for unix in (False, True):
-        sandbox, _ = agent.make_sandbox("workspace-write", (Path(real(workspace)), Path(real(private_tmp))), False, unix)
+        roots = (Path(real(workspace)), Path(real(private_tmp)))
+        sandbox, _ = agent.make_sandbox("workspace-write", roots, False, unix)
         ctx = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)), sandbox=sandbox)
         try:
             assert agent.tool_bash(ctx, python(pairs)).startswith("pairs"), unix

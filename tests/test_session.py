@@ -463,6 +463,7 @@ def test_custom_commands_run_in_a_session_with_tab_and_in_p(serve, terminal, wor
     server = serve(lambda body: reply(f"{body['model']} done"))
     result = run(["-p", "/greet Bob smith"], cwd=workspace, base_url=server.url)
     assert result.code == 0 and result.stdout == "anthropic/claude-haiku-other done\n"
+    assert result.stderr == ""  # with -p nothing asks: a command's grant is moot, and no line says it waits
     sent = user_turns(server.bodies[-1])[-1]
     assert sent.startswith("Greet Bob (Bob smith). Shell says: inlined-Bob\nSee @facts.txt")
     assert '<file path="facts.txt">\nfact one\n</file>' in sent
