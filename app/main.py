@@ -4018,8 +4018,8 @@ def path_matches(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
 
 def names_a_link(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
     """Whether a Read or Edit rule names another hard link of a file (the same st_dev and st_ino): looked for
-    beneath the folder its pattern starts from, LINK_SCAN entries at most; past them, a file with other links is
-    taken as named (refused rather than guessed)."""
+    beneath the folder its pattern starts from (not in .git or node_modules), LINK_SCAN entries at most; past them,
+    a file with other links is taken as named (refused rather than guessed)."""
     try:
         info = os.stat(path)
     except (OSError, ValueError):
@@ -4030,7 +4030,7 @@ def names_a_link(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
     base, seen = os.path.join(anchor[0], *fixed), 0
     tree = os.walk(base) if os.path.isdir(base) else [(os.path.dirname(base), [], [os.path.basename(base)])]
     for folder, folders, files in tree:
-        folders[:] = [name for name in folders if name not in SKIP_DIRS]
+        folders[:] = [name for name in folders if name not in SKIP_DIRS and name != "node_modules"]  # pnpm links
         for name in files:
             with contextlib.suppress(OSError):
                 other = os.lstat(os.path.join(folder, name))
