@@ -235,9 +235,14 @@ def test_connected_socketpairs_still_work_and_unix_sockets_on_allows_datagram_pa
             assert agent.tool_bash(ctx, python(pairs)).startswith("pairs"), unix
             sent = agent.tool_bash(ctx, python("import socket; " + DATAGRAM_PAIRS["sendto"].format(path=path)))
             assert ("[exit code 0]" in sent) == unix, sent
+            named = ("import socket; a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+                     f"a.sendmsg([b\"seqpacket\"], [], 0, \"{path}\"); print(b.recv(100))")
+            assert agent.tool_bash(ctx, python(named)).startswith("b'seqpacket'")  # a name is ignored: the peer
         finally:
             sandbox.spawner.shutdown()
     assert sock.recv(100) == b"forged"  # only with unix sockets on
+    with pytest.raises(BlockingIOError):
+        sock.recv(100)  # and nothing else ever reached it
 
 
 SCHEDULING = {  # issue 29: a command changed the zygote's (pid 1) scheduling: SCHED_IDLE behind a CPU hog stalled all
