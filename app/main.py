@@ -188,7 +188,7 @@ class Config(NamedTuple):
     allowed: tuple[str, ...] = ()  # --allowed-tools: Claude Code's rules approved without asking (Bash(git:*), mcp__s)
     disallowed: tuple[str, ...] = ()  # --disallowed-tools: rules refused without asking
     mcp: tuple[tuple[str, dict], ...] = ()  # --mcp-config's servers: name and settings (variables filled in)
-    project_mcp: tuple[tuple[str, dict], ...] = ()  # the working directory's .mcp.json (${VAR} as written): approved?
+    project_mcp: tuple[tuple[str, dict], ...] = ()  # the working directory's .mcp.json, ${VAR} unfilled till approved
     mcp_timeout: float = 10.0  # seconds the servers together may take to start (initialize, tools/list)
     mcp_tool_timeout: float = 120.0  # seconds one MCP tool call may take
     append_system_prompt: str = ""
