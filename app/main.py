@@ -126,9 +126,12 @@ BACKGROUND_GRACE = 0.3  # seconds to drain output after the shell exits before g
 SEARCH_SECONDS = 30.0  # Glob and Grep stop here: a huge tree or a runaway regex must not hang the agent
 SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "WEBHOOK")  # anywhere
 SECRET_PARTS = {"PASS", "PAT", "AUTH", "PWD", "DSN"}  # as a whole part of a name: GITHUB_PAT, not PATH; MYSQL_PWD
+SECRET_ENDINGS = ("PASS", "PWD")  # as the end of a part too: PGPASS, SMTPPASS, DBPASS, DBPWD
+PLAIN_WORDS = {"COMPASS", "BYPASS", "ENCOMPASS", "SURPASS", "TRESPASS", "OVERPASS", "UNDERPASS", "OLDPWD"}  # not those
 NOT_SECRETS = {"SSH_AUTH_SOCK", "PWD", "OLDPWD"}  # a socket's path, the working directories
 SECRET_URL = re.compile(r"://[^/\s:@]*:[^\s@]+@")  # a URL with a password, anywhere in the value
 SKIP_DIRS = {".git", ".hg", ".svn"}
+LINK_SCAN = 20_000  # entries looked at for another hard link a Read or Edit rule names (see names_a_link)
 SNIFF_BYTES = 8192  # bytes looked at to decide whether a file is text
 SKILL_LIMIT = 256_000  # bytes of one SKILL.md
 
@@ -187,7 +190,7 @@ class Config(NamedTuple):
     allowed: tuple[str, ...] = ()  # --allowed-tools: Claude Code's rules approved without asking (Bash(git:*), mcp__s)
     disallowed: tuple[str, ...] = ()  # --disallowed-tools: rules refused without asking
     mcp: tuple[tuple[str, dict], ...] = ()  # --mcp-config's servers: name and settings (variables filled in)
-    project_mcp: tuple[tuple[str, dict], ...] = ()  # the working directory's .mcp.json: started only when approved
+    project_mcp: tuple[tuple[str, dict], ...] = ()  # the working directory's .mcp.json, ${VAR} unfilled till approved
     mcp_timeout: float = 10.0  # seconds the servers together may take to start (initialize, tools/list)
     mcp_tool_timeout: float = 120.0  # seconds one MCP tool call may take
     append_system_prompt: str = ""
@@ -551,11 +554,16 @@ SYSCALLS = {  # name: number on x86_64, on aarch64 (checked against the kernel h
     "mount_setattr": (442, 442), "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53),
     "fchmodat2": (452, 452), "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7),
     "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16), "prlimit64": (302, 261),
+    "socketpair": (53, 199), "setpriority": (141, 140), "ioprio_set": (251, 30), "sched_setparam": (142, 118),
+    "sched_setscheduler": (144, 119), "sched_setaffinity": (203, 122), "sched_setattr": (314, 274),
 }
+SELF_CALLS = ("sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr")  # pid first; 0: the caller
+WHICH_CALLS = {"setpriority": 0, "ioprio_set": 1}  # (which, who): only which = this value (a process) and who = 0
 MODE_CALLS = {"chmod": 24, "fchmod": 24, "fchmodat": 32, "fchmodat2": 32}  # where their mode argument is
 XATTR_CALLS = ("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr")
 REFUSED_CALLS = tuple(name for name in SYSCALLS if name not in (
-    "socket", "ioctl", "clone", "clone3", "capset", "prlimit64", *MODE_CALLS, *XATTR_CALLS))
+    "socket", "ioctl", "clone", "clone3", "capset", "prlimit64", "socketpair", *MODE_CALLS, *XATTR_CALLS, *SELF_CALLS,
+    *WHICH_CALLS))
 AUDIT_ARCHES = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # ioctls that type into or redraw a terminal
@@ -614,12 +622,19 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
     """The seccomp filter of confined commands: the system calls that reach other processes, the kernel's keys,
     mounts, namespaces and io_uring (which bypasses seccomp) refused; sockets only of the kinds allowed
     (socketpair always); no ioctl that types into a terminal; no set-user-ID or set-group-ID bit set and no extended
-    attribute changed (Landlock does not govern either); no limit of another process set (prlimit). Another
+    attribute changed (Landlock does not govern either); no limit of another process set (prlimit), nor its
+    scheduling (the zygote's, another command's: only pid or who 0, the caller). Without unix sockets, socketpair
+    only of connected kinds (stream, seqpacket): a datagram pair's socket could be connected or sendto() any
+    pathname socket outside (/dev/log), and the filter cannot read the address a call passes. Another
     architecture's calls kill the process."""
     nr = {name: numbers[machine == "aarch64"] for name, numbers in SYSCALLS.items()
           if numbers[machine == "aarch64"] is not None}
     modes = [(BPF_JEQ, nr[name], f"mode{offset}") for name, offset in MODE_CALLS.items() if name in nr]
     inet = [(BPF_JEQ, 2, "inet"), (BPF_JEQ, 10, "inet")] if network else []  # AF_INET, AF_INET6
+    targets = [*[(BPF_JEQ, nr[name], "self") for name in SELF_CALLS],
+               *[(BPF_JEQ, nr[name], f"which{which}") for name, which in WHICH_CALLS.items()]]
+    whiches = [row for which in WHICH_CALLS.values() for row in (
+        f"which{which}", (BPF_LD, 16), (BPF_JEQ, which, None, "deny"), (BPF_LD, 24), (BPF_JEQ, 0, "allow", "deny"))]
     return bpf_program([
         (BPF_LD, 4), (BPF_JEQ, AUDIT_ARCHES[machine], None, "kill"), (BPF_LD, 0),
         *([(BPF_JGE, 0x40000000, "deny")] if machine == "x86_64" else []),  # x32 calls
@@ -627,7 +642,7 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
         (BPF_JEQ, nr["clone3"], "nosys"),  # its flags cannot be read: ENOSYS makes the C library use clone
         (BPF_JEQ, nr["socket"], "socket"), (BPF_JEQ, nr["ioctl"], "ioctl"), (BPF_JEQ, nr["clone"], "clone"),
         *modes, *[(BPF_JEQ, nr[name], "noxattr") for name in XATTR_CALLS], (BPF_JEQ, nr["prlimit64"], "prlimit"),
-        (BPF_RET, SECCOMP_ALLOW),
+        *targets, *([] if unix else [(BPF_JEQ, nr["socketpair"], "pair")]), (BPF_RET, SECCOMP_ALLOW),
         "socket", (BPF_LD, 16), *([(BPF_JEQ, 1, "allow")] if unix else []), *inet, (BPF_RET, SECCOMP_EPERM),
         "inet", (BPF_LD, 24), (BPF_AND, 0xF), (BPF_JEQ, 1, "protocol"), (BPF_JEQ, 2, "protocol", "deny"),
         "protocol", (BPF_LD, 32), (BPF_JEQ, 0, "allow"), (BPF_JEQ, 6, "allow"), (BPF_JEQ, 17, "allow", "deny"),
@@ -638,6 +653,9 @@ def seccomp_filter(machine: str, network: bool, unix: bool) -> bytes:
         "noxattr", (BPF_RET, SECCOMP_EOPNOTSUPP),
         "prlimit", (BPF_LD, 16), (BPF_JEQ, 0, "allow"), (BPF_LD, 32), (BPF_JEQ, 0, None, "deny"),  # another process's
         (BPF_LD, 36), (BPF_JEQ, 0, "allow", "deny"),  # limits may be read (no new ones), not set
+        "self", (BPF_LD, 16), (BPF_JEQ, 0, "allow", "deny"),
+        *whiches,
+        "pair", (BPF_LD, 24), (BPF_AND, 0xF), (BPF_JEQ, 1, "allow"), (BPF_JEQ, 5, "allow", "deny"),  # stream, seqpacket
         "allow", (BPF_RET, SECCOMP_ALLOW), "deny", (BPF_RET, SECCOMP_EPERM), "nosys", (BPF_RET, SECCOMP_ENOSYS),
         "kill", (BPF_RET, SECCOMP_KILL),
     ])
@@ -1786,9 +1804,10 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
 
 def is_secret(name: str, value: str) -> bool:
     """Whether a variable looks like it holds a secret, by its name or its value."""
-    upper = name.upper()
+    upper, parts = name.upper(), re.split(r"[^A-Z]+", name.upper())
+    endings = any(part.endswith(SECRET_ENDINGS) and part not in PLAIN_WORDS for part in parts)
     return name not in NOT_SECRETS and (any(word in upper for word in SECRET_WORDS) or bool(SECRET_URL.search(value))
-                                        or not SECRET_PARTS.isdisjoint(re.split(r"[^A-Z]+", upper)))
+                                        or not SECRET_PARTS.isdisjoint(parts) or endings)
 
 
 def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, str]:
@@ -2189,8 +2208,9 @@ class Command(NamedTuple):
     body: str
 
 
-def discover_commands(folders: list[Path]) -> dict[str, Command]:
-    """Custom commands under each folder's .claude/commands (subfolders too), earlier folders winning."""
+def discover_commands(folders: list[Path], untrusted: Path | None = None) -> dict[str, Command]:
+    """Custom commands under each folder's .claude/commands (subfolders too), earlier folders winning; those of the
+    `untrusted` folder (a project the user has not trusted) grant no tools: their !`lines` ask like any command."""
     commands: dict[str, Command] = {}
     for base in folders:
         for file in sorted((base / ".claude" / "commands").rglob("*.md")):
@@ -2200,8 +2220,16 @@ def discover_commands(folders: list[Path]) -> dict[str, Command]:
                 allowed = tuple(re.findall(r"[\w.-]+(?:\([^)]*\))?", fields.get("allowed-tools", "")))
                 commands.setdefault(file.stem, Command(file.stem, fields.get("description") or one_line(body, 60),
                                                        fields.get("argument-hint", ""), fields.get("model", ""),
-                                                       allowed, body.strip()))
+                                                       () if base == untrusted else allowed, body.strip()))
     return commands
+
+
+def command_grants(cwd: Path, home: Path | None) -> dict[str, list[str]]:
+    """What the project's own commands (the working directory's, not the user's ~/.claude/commands, which win a
+    name clash) would let run without a question, by command: it waits for the user's trust."""
+    mine = discover_commands([home]) if home else {}
+    theirs = discover_commands([cwd]) if cwd != home else {}
+    return {f"/{name}": list(c.allowed) for name, c in theirs.items() if c.allowed and name not in mine}
 
 
 def attach_mentions(cwd: Path, text: str, inside: bool = False) -> str:
@@ -3268,12 +3296,18 @@ def expand_vars(value: Any, env: dict[str, str]) -> Any:
     return {key: expand_vars(item, env) for key, item in value.items()} if isinstance(value, dict) else value
 
 
-def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dict], ...]:
-    """(name, settings) of every server in these Claude Code `.mcp.json` files or JSON texts; UsageError when
-    one is not readable JSON of that shape. The API key is never filled in (nor a variable holding it)."""
+def fillable(env: dict[str, str]) -> dict[str, str]:
+    """The variables a config's ${VAR} may be filled from: never the API key, nor a variable holding it."""
     key = env.get("OPENROUTER_API_KEY", "").strip()
-    env = {name: value for name, value in env.items()
-           if name != "OPENROUTER_API_KEY" and not (len(key) >= 8 and key in value)}  # as short as redact() allows
+    return {name: value for name, value in env.items()
+            if name != "OPENROUTER_API_KEY" and not (len(key) >= 8 and key in value)}  # as short as redact() allows
+
+
+def mcp_servers(sources: list[str], env: dict[str, str] | None) -> tuple[tuple[str, dict], ...]:
+    """(name, settings) of every server in these Claude Code `.mcp.json` files or JSON texts, ${VAR} filled in
+    from `env` (None: left as written); UsageError when one is not readable JSON of that shape. The API key is
+    never filled in (nor a variable holding it)."""
+    env = fillable(env) if env is not None else None
     servers: dict[str, dict] = {}
     for source in sources:
         try:
@@ -3289,8 +3323,21 @@ def mcp_servers(sources: list[str], env: dict[str, str]) -> tuple[tuple[str, dic
             if wrong:
                 raise UsageError(f"cannot use the MCP config {one_line(source, 80)}: server {name}'s "
                                  f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not of the right type")
-            servers[name] = expand_vars(spec, env)
+            servers[name] = expand_vars(spec, env) if env is not None else spec
     return tuple(servers.items())
+
+
+def project_servers(specs: tuple[tuple[str, dict], ...], env: dict[str, str], passed: tuple[str, ...],
+                    notice: Callable[[str], None]) -> tuple[tuple[str, dict], ...]:
+    """A project's approved .mcp.json servers with ${VAR} filled in only from what commands may see: a
+    secret-looking variable (or the key) is left out, as if unset, with one line naming it (never its value)."""
+    shown = fillable(command_env(env, passed))
+    hidden = sorted({name for _, spec in specs for name in re.findall(r"\$\{(\w+)", json.dumps(spec))
+                     if env.get(name) and name not in shown})
+    if hidden:
+        notice(f"left out of .mcp.json's servers, as if unset: {', '.join(hidden)} (secret-looking variables "
+               "reach a project's servers only when passed by name: SOLO_PASS_ENV or --pass-env)")
+    return tuple((name, expand_vars(spec, shown)) for name, spec in specs)
 
 
 class McpServer:
@@ -3337,8 +3384,29 @@ class McpServer:
                 if self.state == "starting":
                     self.tools, self.state = tools, "connected"
         except (McpError, OSError, requests.RequestException, ValueError, RecursionError) as error:
-            self.fail(one_line(str(error), 160))
+            self.fail(one_line(self.why(error), 160))
             self.stop()
+
+    def where(self) -> str:
+        """The server's URL as a line may show it: scheme, host and port (its path, query or password may hold a
+        secret); its name for a server without one."""
+        import urllib.parse  # already loaded by requests: free
+        parts = urllib.parse.urlsplit(str(self.spec.get("url") or ""))
+        return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}" if parts.netloc else self.name
+
+    def why(self, error: BaseException) -> str:
+        """What went wrong, told without the server's URL beyond where() or its headers' values."""
+        if isinstance(error, requests.RequestException):  # its text repeats the URL, query included
+            return f"cannot reach {self.where()} ({type(error).__name__})"
+        import urllib.parse  # already loaded by requests: free
+        parts = urllib.parse.urlsplit(url := str(self.spec.get("url") or ""))
+        values = [str(v) for v in (self.spec.get("headers") or {}).values()]
+        given = [url, parts.path + "?" + parts.query, parts.query, parts.password or "", *parts.query.split("&"),
+                 *values, *(value.split()[-1] for value in values if value.split())]
+        text = str(error)
+        for secret in sorted(given, key=len, reverse=True):
+            text = text.replace(secret, "***") if len(secret) >= 4 else text
+        return text
 
     def spawn(self) -> None:
         """The server's process, its output read by a thread, its stderr kept off the terminal, its exit watched."""
@@ -3421,7 +3489,7 @@ class McpServer:
             if response.headers.get("Mcp-Session-Id"):
                 self.headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
             if response.status_code >= 400:
-                raise McpError(f"HTTP {response.status_code} from {self.spec['url']}")
+                raise McpError(f"HTTP {response.status_code} from {self.where()}")
             if "method" not in message or "id" not in message:  # a notification or an answer: nothing to read
                 return
             chunks = in_time(response.iter_content(chunk_size=None), deadline, f"MCP server {self.name}")
@@ -3440,7 +3508,7 @@ class McpServer:
             if slot.message is None:
                 raise McpError(f"MCP server {self.name} ended its answer to {message['method']} without a result")
         except Exception as error:  # the thread's edge: whatever went wrong is what the caller raises
-            slot.failure = error if isinstance(error, McpError) else McpError(str(error))
+            slot.failure = error if isinstance(error, McpError) else McpError(self.why(error))
         slot.set()
 
     def request(self, method: str, params: dict, timeout: float) -> dict:
@@ -3473,7 +3541,7 @@ class McpServer:
         try:
             result = self.request("tools/call", {"name": tool, "arguments": arguments}, timeout)
         except (McpError, OSError, requests.RequestException, ValueError) as error:
-            raise ToolError(str(error)) from None
+            raise ToolError(self.why(error)) from None
         parts = []
         for part in result.get("content") or []:
             kind = part.get("type") if isinstance(part, dict) else None
@@ -3918,29 +3986,63 @@ def wildcard(pattern: str, text: str) -> bool:
     return True
 
 
-def path_matches(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
-    """Whether a Read or Edit rule's gitignore-style path matches an absolute path: //abs, ~/in-home,
-    /relative-to-the-settings-file's-folder, and relative (or ./relative) to the working directory; a pattern
-    with no / inside matches at any depth, and a folder matches everything beneath it."""
+def rule_anchor(rule: Rule, cwd: Path, home: Path | None) -> tuple[str, str] | None:
+    """The folder a Read or Edit rule's path is relative to, and its pattern there: //abs, ~/in-home,
+    /relative-to-the-settings-file's-folder, and relative (or ./relative) to the working directory, where a
+    pattern with no / inside matches at any depth; None for ~/ without a home."""
     spec = rule.spec or ""
     if spec.startswith("//"):
         root, pattern = "/", spec[2:]
     elif spec.startswith("~/"):
         if home is None:
-            return False
+            return None
         root, pattern = str(home), spec[2:]
     elif spec.startswith("/"):
         root, pattern = str(rule.base), spec[1:]
     else:
         root, pattern = str(cwd), spec.removeprefix("./")
         pattern = pattern if "/" in pattern.rstrip("/") or spec.startswith("./") else "**/" + pattern
-    pattern = pattern.rstrip("/") or "**"
+    return root, pattern.rstrip("/") or "**"
+
+
+def path_matches(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
+    """Whether a Read or Edit rule's gitignore-style path (see rule_anchor) matches an absolute path; a folder
+    matches everything beneath it."""
+    if (anchor := rule_anchor(rule, cwd, home)) is None:
+        return False
+    root, pattern = anchor
     rel = os.path.relpath(path, root)
     if rel.startswith("../") or rel == "..":
         return False
     regex = re.compile(glob_regex(pattern) + r"\Z", re.DOTALL)
     pieces = rel.split("/")
     return any(regex.match("/".join(pieces[:n])) for n in range(1, len(pieces) + 1)) or rel == "." and pattern == "**"
+
+
+def names_a_link(rule: Rule, path: str, cwd: Path, home: Path | None) -> bool:
+    """Whether a Read or Edit rule names another hard link of a file (the same st_dev and st_ino): looked for
+    beneath the folder its pattern starts from (not in .git or node_modules), LINK_SCAN entries at most; past them,
+    a file with other links is taken as named (refused rather than guessed)."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink < 2 or (anchor := rule_anchor(rule, cwd, home)) is None:
+        return False
+    fixed = itertools.takewhile(lambda piece: not re.search(r"[*?\[\\]", piece), anchor[1].split("/"))
+    base, seen = os.path.join(anchor[0], *fixed), 0
+    tree = os.walk(base) if os.path.isdir(base) else [(os.path.dirname(base), [], [os.path.basename(base)])]
+    for folder, folders, files in tree:
+        folders[:] = [name for name in folders if name not in SKIP_DIRS and name != "node_modules"]  # pnpm links
+        for name in files:
+            with contextlib.suppress(OSError):
+                other = os.lstat(os.path.join(folder, name))
+                if (other.st_dev, other.st_ino) == (info.st_dev, info.st_ino) and \
+                        path_matches(rule, os.path.join(folder, name), cwd, home):
+                    return True
+        if (seen := seen + len(files) + len(folders)) > LINK_SCAN:
+            return True
+    return False
 
 
 def call_paths(tool: str, args: dict, cwd: Path) -> list[str]:
@@ -3966,8 +4068,9 @@ def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None
         return True
     if rule.tool in ("Read", "Edit"):
         paths = call_paths(tool, args, cwd)
-        if loose:
-            return any(path_matches(rule, path, cwd, home) for path in paths)
+        if loose:  # any name of the file: as written, where links lead, another hard link of it
+            return any(path_matches(rule, path, cwd, home) for path in paths) or \
+                any(names_a_link(rule, path, cwd, home) for path in paths[-1:])
         return bool(paths) and path_matches(rule, paths[-1], cwd, home)  # where links lead
     if rule.tool == "WebFetch" and rule.spec.startswith("domain:"):
         return host_of(str(args.get("url", ""))) == rule.spec[7:]
@@ -4313,7 +4416,9 @@ def merged(results: list[HookResult]) -> HookResult:
 
 # --- Project trust --------------------------------------------------------------------------------
 # A cloned repository is not the user: what a project's own files ask for (MCP servers to start, files from
-# outside it to import) is used only once the user approved it, for that folder and that exact content.
+# outside it to import, settings that allow or run, its commands' allowed-tools) is used only once the user
+# approved it, for that folder and that exact content. Approvals come from the user alone: their answer here,
+# their own ~/.claude/settings.json and --settings; never a file inside the project folder, whatever git says.
 # Answers live in SOLO_HOME/trust.json: {"format": 1, "projects": {"<folder>": {"<kind>": {"sha256": hash of
 # what was approved, "approved": true|false, "time": ISO 8601}}}}; a kind's newer answer replaces its older one.
 
@@ -4366,42 +4471,28 @@ class Trust(NamedTuple):
     servers: tuple[tuple[str, dict], ...] = ()  # .mcp.json's servers the user approved
     imports: frozenset[Path] = frozenset()  # files outside the repository its instructions may import
     skipped: tuple[str, ...] = ()  # .mcp.json's servers left out for want of approval
-    settings: bool = False  # the project's settings files may loosen rules and run hooks (approved, or none to approve)
-
-
-def committed(path: Path) -> bool:
-    """Whether git tracks a file, read from the repository's index without running git (whose config is the
-    repository's); True when that cannot be told."""
-    root = next((folder for folder in path.parents if (folder / ".git").exists()), None)
-    if root is None:
-        return False
-    try:
-        name = path.relative_to(root).as_posix().encode()
-        with open(os.open(root / ".git" / "index", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            data = f.read(1 << 26) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else b""
-    except (OSError, ValueError):
-        return (root / ".git").is_file()  # a worktree's index is elsewhere: cannot be told
-    at = data.find(name + b"\0")
-    while at >= 2:
-        if int.from_bytes(data[at - 2: at], "big") & 0xFFF == min(len(name), 0xFFF):  # the entry's name length
-            return True
-        at = data.find(name + b"\0", at + 1)
-    return False
+    settings: bool = False  # its settings may loosen rules and run hooks, its commands grant tools (approved, or none)
 
 
 def mcp_settings(cfg: Config) -> tuple[bool, set[str], set[str]]:
-    """Claude Code's keys from the user's ~/.claude/settings.json, the project's .claude/settings.local.json in the
-    working directory and --settings (never its shared .claude/settings.json, which a repository brings): enable
-    all, enabled and disabled names."""
-    local = str(cfg.cwd / ".claude" / "settings.local.json")
-    local = "" if committed(Path(local)) else local  # one a repository brings is the repository's, not yours
+    """Claude Code's keys: enable all and enabled names from the user's own ~/.claude/settings.json and --settings
+    only (a file in the project folder is the repository's, whatever git says); disabled names from any file."""
     every, enabled, disabled = False, set(), set()
     for layer in cfg.settings:  # the later file wins enableAllProjectMcpServers
-        if layer.scope in ("user", "flag") or layer.path == local:
+        if layer.scope in ("user", "flag"):
             every = layer.data.get("enableAllProjectMcpServers", every)
             enabled.update(layer.data.get("enabledMcpjsonServers", []))
-            disabled.update(layer.data.get("disabledMcpjsonServers", []))
+        elif layer.data.get("enableAllProjectMcpServers") is False:  # a project's file may only hold back
+            every = False
+        disabled.update(layer.data.get("disabledMcpjsonServers", []))
     return every, enabled, disabled
+
+
+def trust_subject(cfg: Config, layers: tuple[Layer, ...]) -> dict:
+    """What the project's settings files and its own custom commands (their allowed-tools) ask for that needs the
+    user's trust, by file or folder; {} when nothing does."""
+    grants = command_grants(cfg.cwd, cfg.home)
+    return {**settings_subject(layers), **({str(cfg.cwd / ".claude" / "commands"): grants} if grants else {})}
 
 
 def outside_imports(cfg: Config) -> list[Path]:
@@ -4435,7 +4526,9 @@ def trust_question(cfg: Config, servers: list[tuple[str, dict]], imports: list[P
         lines += ["  files outside the repository that its CLAUDE.md imports into the model's instructions:"]
         lines += [f"    {visible(str(path))}" for path in imports]
     for path, wanted in settings.items():
-        lines += [f"  settings from {visible(path)} that allow more or run commands (hooks):"]
+        lines += [f"  custom commands in {visible(path)} that let tools run without asking (allowed-tools):"
+                  if Path(path).name == "commands" else f"  settings from {visible(path)} that allow more or run "
+                  "commands (hooks):"]
         lines += [f"    {key}: {visible(json.dumps(value, ensure_ascii=False))}" for key, value in wanted.items()]
     return "\n".join(lines)
 
@@ -4452,7 +4545,7 @@ def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: 
     every, enabled, disabled = mcp_settings(cfg) if cfg.project_mcp else (False, set(), set())
     pending = [(n, s) for n, s in cfg.project_mcp if n not in disabled and not (every or n in enabled)]
     imports = outside_imports(cfg)
-    settings = settings_subject(cfg.settings)
+    settings = trust_subject(cfg, cfg.settings)
     subjects = {"mcp": dict(cfg.project_mcp), "imports": sorted(map(str, imports)), "settings": settings}
     answers = {kind: approved(cfg.solo_home, cfg.cwd, kind, subjects[kind])
                for kind, wanted in (("mcp", pending), ("imports", imports), ("settings", settings)) if wanted}
@@ -4468,13 +4561,14 @@ def settle_trust(cfg: Config, ask: Callable[[str], bool | None] | None, notice: 
     if skipped and "mcp" not in just_asked:  # a "no" just typed needs no line
         notice(f"not starting .mcp.json's MCP servers {', '.join(skipped)}: {refusal(answers['mcp'])}; to approve "
                "them, start a session here and answer y, or name them in enabledMcpjsonServers in "
-               ".claude/settings.local.json")
+               "~/.claude/settings.json")
     if imports and not answers.get("imports") and "imports" not in just_asked:
         notice(f"left out CLAUDE.md's imports from outside the repository ({', '.join(map(str, imports))}): "
                f"{refusal(answers['imports'])}; to approve them, start a session here and answer y")
-    if settings and not answers.get("settings") and "settings" not in just_asked:
-        keys = ", ".join(dict.fromkeys(key for wanted in settings.values() for key in wanted))
-        notice(f"ignored what this project's settings allow or run ({keys} in {', '.join(settings)}): "
+    told = {path: wanted for path, wanted in settings.items() if ask or Path(path).name != "commands"}  # -p asks
+    if told and not answers.get("settings") and "settings" not in just_asked:  # nothing: its commands' grants are moot
+        keys = ", ".join(dict.fromkeys(key for wanted in told.values() for key in wanted))
+        notice(f"ignored what this project's settings allow or run ({keys} in {', '.join(told)}): "
                f"{refusal(answers['settings'])}; their deny and ask rules still hold. To approve, start a session "
                "here and answer y")
     servers = tuple((n, s) for n, s in cfg.project_mcp if n not in disabled and n not in skipped)
@@ -5754,7 +5848,8 @@ class Agent:
                 f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
         self.shells, self.asking = Shells(), threading.Lock()  # asking: one permission question at a time
         self.turns = 0  # prompts run: a sub-agent left running by a cancelled one stops at its next step
-        self.commands = discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))  # .claude/commands
+        self.commands = discover_commands(([cfg.home] if cfg.home else []) + [cfg.cwd],  # .claude/commands, yours
+                                          None if self.trust.settings or cfg.cwd == cfg.home else cfg.cwd)  # first
         sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
@@ -5765,7 +5860,8 @@ class Agent:
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
                                delegate=self.delegate, side=self.side, blind=self.blind, pages={})
-        self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner,  # confined too
+        project = project_servers(self.trust.servers, env, cfg.pass_env, self.notice)
+        self.servers = start_mcp(cfg, [*cfg.mcp, *project], tool_env, emit, self.spawner,  # confined too
                                  relay)  # SDK mode: in-process servers of the SDK
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
@@ -5994,7 +6090,7 @@ class Agent:
         self.notice(f"saved {', '.join(texts)} in {path}")
         if self.trust.settings:  # only the project's files make the subject, and only those this run read
             sources = tuple({layer.scope for layer in self.cfg.settings if from_project(layer)} | {"local"})
-            if subject := settings_subject(read_settings(sources, None, self.cfg.cwd)):
+            if subject := trust_subject(self.cfg, read_settings(sources, None, self.cfg.cwd)):
                 approve(self.cfg.solo_home, self.cfg.cwd, "settings", subject, True)
 
 
@@ -6236,7 +6332,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         read_timeout=args.read_timeout or env_number(env, "SOLO_READ_TIMEOUT", 300.0),
         max_attempts=int(env_number(env, "SOLO_MAX_ATTEMPTS", 6)), output_format=args.output_format,
         tools=select_tools(args.tools), allowed=rule_list(args.allowed_tools), disallowed=rule_list(args.disallowed_tools),
-        mcp=tuple(mcp.items()), project_mcp=tuple((n, s) for n, s in mcp_servers(project, env) if n not in mcp),
+        mcp=tuple(mcp.items()), project_mcp=tuple((n, s) for n, s in mcp_servers(project, None) if n not in mcp),
         mcp_timeout=env_number(env, "MCP_TIMEOUT", 10), mcp_tool_timeout=env_number(env, "MCP_TOOL_TIMEOUT", 120),
         append_system_prompt="\n\n".join(filter(None, [args.append_system_prompt, prompt_file(
             args.append_system_prompt_file)])), trace_path=args.trace, home=home,
@@ -7805,7 +7901,7 @@ class Commands:
         if not any(agent.rules.values()):
             self.reporter.say("no permission rules (settings files: permissions.allow, ask, deny)")
         if not agent.trust.settings:
-            waiting = settings_subject(agent.cfg.settings)
+            waiting = trust_subject(agent.cfg, agent.cfg.settings)
             self.reporter.say(f"not in force until you trust this folder: {visible(json.dumps(waiting))} (/trust, then "
                               "start a session here)")
         self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")

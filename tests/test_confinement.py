@@ -190,6 +190,102 @@ def test_a_daemon_behind_a_unix_socket_cannot_be_asked_to_run_a_command(confined
         subprocess.run(["tmux", "-S", str(sock), "kill-server"], check=False)
 
 
+DATAGRAM_PAIRS = {  # issue 29: a datagram socketpair's socket reached a pathname socket outside (/dev/log, journald)
+    "sendto": "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.sendto(b\"forged\", \"{path}\")",
+    "connect": "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK); "
+               "a.connect(\"{path}\"); a.send(b\"forged\")",
+    "sendmsg": "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC); "
+               "a.sendmsg([b\"forged\"], [], 0, \"{path}\")",
+    "raw call": "import ctypes; libc = ctypes.CDLL(None, use_errno=True); fds = (ctypes.c_int * 2)(); "
+                "print(libc.socketpair(1, 2 | 0x80800, 0, fds), ctypes.get_errno()); "
+                "a = socket.socket(fileno=fds[0]); a.sendto(b\"forged\", \"{path}\")",
+}
+
+
+@pytest.fixture
+def log_socket(tmp_path):
+    """A pathname unix datagram socket outside the sandbox, as /dev/log is."""
+    path = tmp_path / "log.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    yield sock, path
+    sock.close()
+
+
+@pytest.mark.parametrize("attack", DATAGRAM_PAIRS)
+def test_a_datagram_socketpair_cannot_reach_a_socket_outside(confined, log_socket, attack):
+    sock, path = log_socket
+    result = agent.tool_bash(confined, python("import socket; " + DATAGRAM_PAIRS[attack].format(path=path) +
+                                              "; print(\"sent\")"))
+    assert "sent" not in result and ("not permitted" in result or "-1 1" in result), result
+    with pytest.raises(BlockingIOError):
+        sock.recv(100)
+
+
+def test_connected_socketpairs_still_work_and_unix_sockets_on_allows_datagram_pairs(workspace, private_tmp,
+                                                                                    log_socket):
+    pairs = ("import socket; [socket.socketpair(socket.AF_UNIX, kind | flags) for kind in (socket.SOCK_STREAM, "
+             "socket.SOCK_SEQPACKET) for flags in (0, socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)]; print(\"pairs\")")
+    sock, path = log_socket
+    for unix in (False, True):
+        roots = (Path(real(workspace)), Path(real(private_tmp)))
+        sandbox, _ = agent.make_sandbox("workspace-write", roots, False, unix)
+        ctx = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)), sandbox=sandbox)
+        try:
+            assert agent.tool_bash(ctx, python(pairs)).startswith("pairs"), unix
+            sent = agent.tool_bash(ctx, python("import socket; " + DATAGRAM_PAIRS["sendto"].format(path=path)))
+            assert ("[exit code 0]" in sent) == unix, sent
+            named = ("import socket; a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+                     f"a.sendmsg([b\"seqpacket\"], [], 0, \"{path}\"); print(b.recv(100))")
+            assert agent.tool_bash(ctx, python(named)).startswith("b'seqpacket'")  # a name is ignored: the peer
+        finally:
+            sandbox.spawner.shutdown()
+    assert sock.recv(100) == b"forged"  # only with unix sockets on
+    with pytest.raises(BlockingIOError):
+        sock.recv(100)  # and nothing else ever reached it
+
+
+SCHEDULING = {  # issue 29: a command changed the zygote's (pid 1) scheduling: SCHED_IDLE behind a CPU hog stalled all
+    "setpriority": "os.setpriority(os.PRIO_PROCESS, {pid}, 19)",
+    "setpriority user": "os.setpriority(os.PRIO_USER, 0, 19)",
+    "setpriority group": "os.setpriority(os.PRIO_PGRP, 0, 19)",
+    "sched_setscheduler": "os.sched_setscheduler({pid}, os.SCHED_IDLE, os.sched_param(0))",
+    "sched_setparam": "os.sched_setparam({pid}, os.sched_param(0))",
+    "sched_setaffinity": "os.sched_setaffinity({pid}, {{0}})",
+    "sched_setattr": "import ctypes; libc = ctypes.CDLL(None, use_errno=True); attr = (ctypes.c_uint32 * 14)(56, 5); "
+                     "assert libc.syscall({setattr}, {pid}, attr, 0) == 0, ctypes.get_errno()",
+    "ioprio_set": "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+                  "assert libc.syscall({ioprio}, 1, {pid}, (3 << 13)) == 0, ctypes.get_errno()",  # IOPRIO_CLASS_IDLE
+}
+
+
+@pytest.mark.parametrize("call_", SCHEDULING)
+def test_a_command_cannot_change_the_zygotes_scheduling_only_its_own(confined, call_):
+    numbers = {"setattr": agent.SYSCALLS["sched_setattr"][MACHINE == "aarch64"],
+               "ioprio": agent.SYSCALLS["ioprio_set"][MACHINE == "aarch64"]}
+    code = "import os; " + SCHEDULING[call_]
+    other = agent.tool_bash(confined, python(code.format(pid=1, **numbers) + "; print(\"changed\")"))
+    assert "changed" not in other and ("not permitted" in other or "AssertionError: 1" in other), other
+    if "0, 19" not in SCHEDULING[call_]:  # the same call on itself (pid 0) still works
+        own = agent.tool_bash(confined, python(code.format(pid=0, **numbers) + "; print(\"changed\")"))
+        assert own.startswith("changed"), own
+    status = Path(f"/proc/{confined.sandbox.zygote.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    assert (status[16], status[38]) == (str(os.getpriority(os.PRIO_PROCESS, 0)), "0"), status  # nice, policy
+
+
+@pytest.mark.parametrize("command, works", [
+    ("renice -n 10 -p 1", False), ("chrt -i -p 0 1", False), ("taskset -p 1 1", False), ("ionice -c 3 -p 1", False),
+    ("nice -n 5 sh -c 'cut -d\" \" -f19 /proc/self/stat'", True), ("chrt -i 0 true", True),
+    ("taskset 1 true", True), ("ionice -c 3 true", True),
+])
+def test_renice_chrt_taskset_on_the_zygote_fail_and_on_a_new_command_work(confined, command, works):
+    if not shutil.which(command.split()[0]):
+        pytest.skip(f"{command.split()[0]} is not installed")
+    result = agent.tool_bash(confined, command)
+    assert "[exit code 0]" in result if works else fails(result), result
+
+
 # --- 3. No capabilities, no terminal, no devices ---------------------------------------------------------
 
 
@@ -523,6 +619,9 @@ def test_the_zygote_program_is_read_once(confined, monkeypatch):
     ("SLACK_WEBHOOK_URL", "https://hooks.example/x", True), ("AWS_CREDENTIALS", "x", True),
     ("DATABASE_URL", "postgres://user:pw@db.example/app", True), ("HOMEPAGE", "https://example.org/a@b", False),
     ("SSH_AUTH_SOCK", "/tmp/agent.sock", False), ("COMPASS", "north", False), ("API_KEY", "x", True),
+    ("PGPASS", "x", True), ("SMTPPASS", "x", True), ("DBPASS", "x", True), ("MYSQLPWD", "x", True),  # issue 29
+    ("GITHUB_TOKEN", "x", True), ("NO_PROXY_BYPASS", "x", False), ("OLDPWD", "/tmp", False),
+    ("PGPASSFILE", "/home/u/.pgpass", False), ("AWS_SECRET_ACCESS_KEY", "x", True),
 ])
 def test_the_secret_filter(name, value, secret):
     assert agent.is_secret(name, value) is secret
@@ -532,7 +631,8 @@ def test_the_secret_filter(name, value, secret):
 def test_the_agents_own_environment_holds_no_secret(serve, run, workspace):
     """A command reads /proc/<solo>/environ (its parent's, unconfined; root could read it even non-dumpable)."""
     server = serve(script([call("Bash", {"command": "tr '\\0' '\\n' < /proc/$PPID/environ"}, id="env")]))
-    secrets = {"MY_TOKEN": "tok-41a", "DATABASE_URL": "postgres://u:pw-41b@db/app", "GITHUB_PAT": "pat-41c"}
+    secrets = {"MY_TOKEN": "tok-41a", "DATABASE_URL": "postgres://u:pw-41b@db/app", "GITHUB_PAT": "pat-41c",
+               "PGPASS": "pg-41d", "SMTPPASS": "smtp-41e"}  # a suffix too (issue 29)
     result = run(["-p", "go"], cwd=workspace, base_url=server.url, env=secrets)
     assert result.code == 0, result.stderr
     environ = [m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool"][0]
@@ -568,6 +668,9 @@ HOSTILE = [
     python("import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM); print(\"udp opened\")"),
     python(PTRACE) + " 1",
     "echo escaped > {outside}/escaped",
+    python("import socket; " + DATAGRAM_PAIRS["sendto"].format(path="{outside}/log.sock") + "; print(\"sent\")"),
+    "renice -n 10 -p 1; chrt -i -p 0 1; taskset -p 1 1; nice -n 5 echo nice-ran",  # issue 29
+    "env | grep -c pg-secret",  # PGPASS: a suffix is secret too (issue 29)
 ]
 
 
@@ -615,12 +718,16 @@ def test_the_attacks_fail_for_an_ordinary_user_too(serve, tmp_path):
     for path in (base, base / "ws", base / "home"):
         os.chown(path, 65534, 65534)
     os.chmod(base / "outside", 0o777)  # the sandbox, not file permissions, must stop the write
+    log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    log.bind(str(base / "outside" / "log.sock"))
+    os.chmod(base / "outside" / "log.sock", 0o777)
+    log.setblocking(False)
     try:
         server = serve(script([call("Bash", {"command": c.replace("{outside}", str(base / "outside"))}, id=f"h{i}")
                                for i, c in enumerate(HOSTILE)]))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
         env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="sk-test-secret-123", HOME=str(base / "home"),
-                   TMPDIR=str(base / "ws"))
+                   TMPDIR=str(base / "ws"), PGPASS="pg-secret-41")
         nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
         proc = subprocess.run([*nobody, *as_nobody(readable_code(base / "code")),
                                "-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"],
@@ -632,5 +739,11 @@ def test_the_attacks_fail_for_an_ordinary_user_too(serve, tmp_path):
         assert "udp opened" not in results[1] and "not permitted" in results[1], results[1]
         assert results[2].startswith("[('1', -1, 1)]"), results[2]  # only its own init to see, and no attaching
         assert "Permission denied" in results[3] and not (base / "outside" / "escaped").exists()
+        assert "sent" not in results[4] and "not permitted" in results[4], results[4]
+        with pytest.raises(BlockingIOError):
+            log.recv(100)
+        assert results[5].count("not permitted") == 3 and "nice-ran" in results[5], results[5]
+        assert results[6].startswith("0\n"), results[6]
     finally:
+        log.close()
         shutil.rmtree(base, ignore_errors=True)

@@ -40,10 +40,11 @@ def mcp_config(**servers: dict) -> str:
 
 
 def approve_project(workspace: Path, **settings) -> None:
-    """Approve the workspace's .mcp.json servers as a user does for -p: Claude Code's keys in settings.local.json."""
-    (workspace / ".claude").mkdir(exist_ok=True)
+    """Approve the workspace's .mcp.json servers as a user does for -p: Claude Code's keys in their own
+    ~/.claude/settings.json (run() and program_env() give the program the home beside the workspace)."""
+    (workspace.parent / "home" / ".claude").mkdir(parents=True, exist_ok=True)
     keys = settings or {"enableAllProjectMcpServers": True}
-    (workspace / ".claude" / "settings.local.json").write_text(json.dumps(keys))
+    (workspace.parent / "home" / ".claude" / "settings.json").write_text(json.dumps(keys))
 
 
 def tool_names(body: dict) -> set[str]:
@@ -166,26 +167,37 @@ def test_strict_mcp_config_ignores_mcp_json_and_never_starts_its_servers(serve, 
     assert not unused.exists()
 
 
-def test_variables_are_filled_in_and_the_server_sees_no_secrets(serve, run, workspace):
+@pytest.mark.parametrize("mine", [True, False], ids=["--mcp-config", "the project's .mcp.json"])
+def test_variables_are_filled_in_and_the_server_sees_no_secrets(serve, run, workspace, mine):
+    """The user's own config may pass a secret on purpose; a project's is filled only from what commands may see
+    (issue 29): the secret is left out with one line naming it, never its value."""
     record = workspace.parent / "record"
     spec = {"command": "${PYTHON_FOR_MCP}",
             "args": ["${SERVER_SCRIPT}", "--only", "${TOOLS:-echo}", "--record", "${RECORD_FILE}"],
             "env": {"GREETING": "${UNSET_VARIABLE:-hello}", "LEVEL": "${SET_VARIABLE:-unused}",
-                    "GIVEN_TOKEN": "${MY_SECRET_TOKEN}"}}
-    (workspace / ".mcp.json").write_text(json.dumps({"mcpServers": {"t": spec}}))
-    approve_project(workspace)
+                    "GIVEN_TOKEN": "${MY_SECRET_TOKEN}", "GIVEN_PASSED": "${PASSED_KEY}"}}
+    config = json.dumps({"mcpServers": {"t": spec}})
+    if not mine:
+        (workspace / ".mcp.json").write_text(config)
+        approve_project(workspace)
     server = serve(lambda body: reply("ok"))
     env = {"PYTHON_FOR_MCP": sys.executable, "SERVER_SCRIPT": str(SERVER), "RECORD_FILE": str(record),
            "SET_VARIABLE": "debug", "PLAIN_VARIABLE": "plain", "MY_SECRET_TOKEN": "tok-1", "DB_PASSWORD": "pw-2",
            "AWS_SECRET_ACCESS_KEY": "aws-3", "ANTHROPIC_API_KEY": "ant-4", "PASSED_KEY": "passed-5"}
-    result = run(["-p", "go", "--pass-env", "PASSED_KEY"], cwd=workspace, base_url=server.url, env=env)
+    flags = ["--mcp-config", config] if mine else []
+    result = run(["-p", "go", "--pass-env", "PASSED_KEY", *flags], cwd=workspace, base_url=server.url, env=env)
     assert result.code == 0, result.stderr
     assert tool_names(server.bodies[0]) - BUILTINS == {"mcp__t__echo"}
     started = records(record)[0]
     assert started["argv"] == ["--only", "echo", "--record", str(record)]
     seen = started["env"]
     assert (seen["GREETING"], seen["LEVEL"], seen["PLAIN_VARIABLE"]) == ("hello", "debug", "plain")
-    assert seen["GIVEN_TOKEN"] == "tok-1"  # the config passes it on purpose
+    assert seen["GIVEN_PASSED"] == "passed-5"  # passed by name: commands may see it, so may a project's config
+    assert seen["GIVEN_TOKEN"] == ("tok-1" if mine else "")  # the user's config passes it on purpose
+    assert "tok-1" not in result.stderr
+    assert result.stderr == ("" if mine else "solo: left out of .mcp.json's servers, as if unset: MY_SECRET_TOKEN "
+                             "(secret-looking variables reach a project's servers only when passed by name: "
+                             "SOLO_PASS_ENV or --pass-env)\n")
     assert seen["PASSED_KEY"] == "passed-5"  # --pass-env
     assert not {"OPENROUTER_API_KEY", "MY_SECRET_TOKEN", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY", "ANTHROPIC_API_KEY"} & set(seen)
     assert "sk-test-secret-123" not in json.dumps(seen)
@@ -665,7 +677,8 @@ def test_slash_mcp_lists_the_servers_state_and_tool_count(serve, terminal, works
     config = mcp_config(t=stdio("--only", "echo,peek,crash"), bad={"command": "/no/such/server"})
     (workspace / ".mcp.json").write_text(config)
     approve_project(workspace)
-    term = terminal(serve(tool_then([call("mcp__t__crash", {})], lambda body: "after: " + last_result(body))))
+    server = serve(tool_then([call("mcp__t__crash", {})], lambda body: "after: " + last_result(body)))
+    term = terminal(server, env=program_env(workspace, server.url))  # the home where the approval is
     term.send("/mcp\r")
     term.expect(r"solo: t: connected, 3 tools\r\n")
     term.expect(r"solo: bad: failed[^\r\n]*, 0 tools\r\n")
@@ -694,7 +707,8 @@ def test_ctrl_c_during_an_mcp_call_cancels_the_turn_and_the_server_still_answers
             return reply(tool_calls=[call("mcp__t__sleep", {"seconds": 60}) if slow else call("mcp__t__peek", {"text": "ok"})])
         return reply("result: " + last["content"])
 
-    term = terminal(serve(model))
+    server = serve(model)
+    term = terminal(server, env=program_env(workspace, server.url))  # the home where the approval is
     term.send("slow\r")
     wait_for(lambda: "tools/call" in methods(record), "the sleep call")
     started = time.monotonic()
@@ -721,7 +735,8 @@ def test_an_mcp_tool_that_changes_things_asks_first_and_a_read_only_one_does_not
             return reply(tool_calls=[call(tool, {"text": "hi"})])
         return reply("result: " + last["content"])
 
-    term = terminal(serve(model))
+    server = serve(model)
+    term = terminal(server, env=program_env(workspace, server.url))  # the home where the approval is
     term.send("look\r")
     shown = term.expect("result: peek: hi")
     term.expect(PROMPT)

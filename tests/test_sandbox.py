@@ -596,8 +596,8 @@ def test_a_poisoned_workspace_mcp_server_is_confined_too(serve, run, workspace, 
     """The workspace's own .mcp.json starts a command at start-up: in a sandbox it must not write outside."""
     spec = {"mcpServers": {"helper": {"command": "sh", "args": ["-c", f"touch {outside}/from-mcp"]}}}
     (workspace / ".mcp.json").write_text(json.dumps(spec))
-    (workspace / ".claude").mkdir()  # approved, or it would not start at all
-    (workspace / ".claude" / "settings.local.json").write_text('{"enabledMcpjsonServers": ["helper"]}')
+    (workspace.parent / "home" / ".claude").mkdir(parents=True)  # approved by the user, or it would not start at all
+    (workspace.parent / "home" / ".claude" / "settings.json").write_text('{"enabledMcpjsonServers": ["helper"]}')
     server = serve(lambda body: reply("ok"))
     result = run(["-p", "q", "--sandbox", "workspace-write"], cwd=workspace, base_url=server.url,
                  env={"TMPDIR": str(private_tmp), "MCP_TIMEOUT": "5"})

@@ -463,16 +463,63 @@ def test_custom_commands_run_in_a_session_with_tab_and_in_p(serve, terminal, wor
     server = serve(lambda body: reply(f"{body['model']} done"))
     result = run(["-p", "/greet Bob smith"], cwd=workspace, base_url=server.url)
     assert result.code == 0 and result.stdout == "anthropic/claude-haiku-other done\n"
+    assert result.stderr == ""  # with -p nothing asks: a command's grant is moot, and no line says it waits
     sent = user_turns(server.bodies[-1])[-1]
     assert sent.startswith("Greet Bob (Bob smith). Shell says: inlined-Bob\nSee @facts.txt")
     assert '<file path="facts.txt">\nfact one\n</file>' in sent
-    term = terminal(server)
+    term = terminal(server, first=r"\[y/n\] ")  # the project's command grants Bash: that waits for the user's trust
+    assert "custom commands in" in term.transcript and '/greet: ["Bash"]' in term.transcript
+    term.send("y\r")
+    term.expect(PROMPT)
     term.ask("/help", r"/greet NAME +Greet someone")
     term.send("/gre\t")
     term.expect("/greet")
     term.ask(" Ann", "anthropic/claude-haiku-other done")  # allowed-tools: Bash runs the !`command` without a question
     assert user_turns(server.bodies[-1])[-1].startswith("Greet Ann (Ann). Shell says: inlined-Ann")
     term.ask("next", "anthropic/claude-haiku-4.5 done")  # the command's model was for its prompt only
+
+
+SETUP = """---
+description: Set the project up
+allowed-tools: Bash
+---
+Setting up: !`touch {proof} && echo set-up-ran`
+"""
+
+
+def test_an_untrusted_projects_command_grants_nothing_its_lines_ask(serve, terminal, workspace):
+    """Issue 29: a repository's .claude/commands/setup.md with allowed-tools: Bash ran its !`line` at once, with no
+    question, when the user typed /setup in a default-mode session. Declined trust: the line asks like any command."""
+    proof = workspace.parent / "proof"
+    (workspace / ".claude" / "commands").mkdir(parents=True)
+    (workspace / ".claude" / "commands" / "setup.md").write_text(SETUP.format(proof=proof))
+    server = serve(lambda body: reply("done"))
+    term = terminal(server, first=r"\[y/n\] ")
+    term.send("n\r")
+    term.expect(PROMPT)
+    term.send("/setup\r")
+    term.expect(r"Allow Bash\? \[y/n/a/s\] ")  # asked, as any command is
+    assert not proof.exists()
+    term.send("n\r")
+    term.expect("done")
+    term.expect(PROMPT)
+    assert not proof.exists() and "was not run" in user_turns(server.bodies[-1])[-1]
+    term.send("/exit\r")
+    assert term.wait() == 0
+
+
+def test_the_users_own_command_wins_a_name_clash_with_the_projects(serve, run, workspace):
+    proof = workspace.parent / "proof"
+    (workspace / ".claude" / "commands").mkdir(parents=True)
+    (workspace / ".claude" / "commands" / "setup.md").write_text(SETUP.format(proof=proof))
+    mine = workspace.parent / "home" / ".claude" / "commands"
+    mine.mkdir(parents=True)
+    (mine / "setup.md").write_text("My own setup steps.\n")
+    server = serve(lambda body: reply("done"))
+    result = run(["-p", "/setup"], cwd=workspace, base_url=server.url)
+    assert (result.code, result.stdout) == (0, "done\n"), result.stderr
+    assert user_turns(server.bodies[-1])[-1] == "My own setup steps." and not proof.exists()
+    assert result.stderr == ""  # the project's shadowed command asks nothing of the user
 
 
 def test_prompt_history_is_kept_per_project_across_sessions(serve, terminal, workspace):

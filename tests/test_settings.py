@@ -129,6 +129,61 @@ def test_a_link_does_not_slip_past_a_deny_rule_nor_into_an_allow_rule(tmp_path):
     assert agent.decide(allow, "Edit", {"file_path": "src/out"}, tmp_path, None)[0] == ""
 
 
+def test_a_hard_link_does_not_slip_past_a_deny_rule(tmp_path):
+    """Issue 29: after `ln secret.txt hl.txt`, Read and Grep showed a file Read(./secret.txt) denies, and Write
+    through a hard link rewrote a file Edit(./protected/**) denies: a rule covers every name of a file."""
+    (tmp_path / "secret.txt").write_text("SECRET\n")
+    os.link(tmp_path / "secret.txt", tmp_path / "hl.txt")
+    (tmp_path / "protected" / "deep").mkdir(parents=True)
+    (tmp_path / "protected" / "deep" / "keys.txt").write_text("keep\n")
+    os.link(tmp_path / "protected" / "deep" / "keys.txt", tmp_path / "hl2.txt")
+    (tmp_path / "plain.txt").write_text("plain\n")
+    (tmp_path / "elsewhere").write_text("linked, but no rule names it\n")
+    os.link(tmp_path / "elsewhere", tmp_path / "hl3.txt")
+    rules = rules_of(("deny", ["Read(./secret.txt)", "Edit(./protected/**)"]), base=tmp_path)
+    for tool, args in [("Read", {"file_path": "hl.txt"}), ("Grep", {"path": "hl.txt"}),
+                       ("Write", {"file_path": "hl2.txt"}), ("Edit", {"file_path": str(tmp_path / "hl2.txt")})]:
+        assert agent.decide(rules, tool, args, tmp_path, None)[0] == "deny", (tool, args)
+    for tool, args in [("Read", {"file_path": "plain.txt"}), ("Read", {"file_path": "hl3.txt"}),
+                       ("Read", {"file_path": "hl2.txt"}), ("Write", {"file_path": "hl.txt"}),
+                       ("Grep", {"path": "."})]:
+        assert agent.decide(rules, tool, args, tmp_path, None)[0] == "", (tool, args)
+    anywhere = rules_of(("deny", ["Read(.env)"]), base=tmp_path)  # no folder in the pattern: looked for at any depth
+    (tmp_path / "protected" / ".env").write_text("K=1\n")
+    os.link(tmp_path / "protected" / ".env", tmp_path / "env-copy")
+    assert agent.decide(anywhere, "Read", {"file_path": "env-copy"}, tmp_path, None)[0] == "deny"
+
+
+def test_hard_links_in_a_tree_too_big_to_search_are_refused_not_guessed(tmp_path, monkeypatch):
+    monkeypatch.setattr(agent, "LINK_SCAN", 5)
+    for n in range(10):
+        (tmp_path / f"f{n}").write_text("x")
+    (tmp_path / "a").write_text("linked\n")
+    os.link(tmp_path / "a", tmp_path / "b")
+    rules = rules_of(("deny", ["Read(*.secret)"]), base=tmp_path)
+    assert agent.decide(rules, "Read", {"file_path": "b"}, tmp_path, None)[0] == "deny"
+    assert agent.decide(rules, "Read", {"file_path": "f1"}, tmp_path, None)[0] == ""  # one link: nothing to search
+
+
+def test_read_and_write_through_a_hard_link_are_refused_end_to_end(serve, run, workspace):
+    (workspace / "secret.txt").write_text("TOP-SECRET\n")
+    (workspace / "protected").mkdir()
+    (workspace / "protected" / "config").write_text("original\n")
+    calls = [call("Bash", {"command": "ln secret.txt hl.txt && ln protected/config hl2.txt"}, id="ln"),
+             call("Read", {"file_path": "hl.txt"}, id="read"),
+             call("Grep", {"pattern": "SECRET", "path": "hl.txt", "output_mode": "content"}, id="grep"),
+             call("Write", {"file_path": "hl2.txt", "content": "rewritten\n"}, id="write")]
+    server = serve(tool_then(calls, lambda body: "done"))
+    result = run(["-p", "go", "--disallowed-tools", "Read(./secret.txt),Edit(./protected/**)"], cwd=workspace,
+                 base_url=server.url)
+    assert (result.code, result.stdout) == (0, "done\n"), result.stderr
+    results = [m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool"]
+    assert results[0].endswith("[exit code 0]") and (workspace / "hl.txt").exists()
+    assert all("TOP-SECRET" not in r and "Read(./secret.txt)" in r for r in results[1:3]), results
+    assert "Edit(./protected/**)" in results[3]
+    assert (workspace / "protected" / "config").read_text() == "original\n"
+
+
 @pytest.mark.parametrize("text, tool, matches", [
     ("mcp__github", "mcp__github__create_issue", True), ("mcp__github__*", "mcp__github__list", True),
     ("mcp__github__list", "mcp__github__list", True), ("mcp__github__list", "mcp__github__delete", False),
@@ -550,19 +605,22 @@ def test_a_rule_saved_in_a_trusted_project_keeps_its_trust(workspace):
     assert not [e for e in events if e["type"] == "notice"]  # still trusted: no line about ignored settings
 
 
-def test_a_committed_settings_local_json_is_the_repositorys_and_approves_no_server(workspace):
-    """Claude Code's MCP keys in settings.local.json are yours only when git does not track the file."""
+@pytest.mark.parametrize("tracked", [False, True], ids=["untracked", "committed"])
+def test_a_settings_local_json_approves_no_server_whatever_git_says(workspace, tracked):
+    """Claude Code's MCP keys count only from the user's own settings and --settings: a file in the project folder
+    is the repository's, tracked by git or not (issue 29: the .git/index check was defeated three ways)."""
     import subprocess
     write(workspace / ".mcp.json", {"mcpServers": {"x": {"command": "sh", "args": ["-c", "touch pwned"]}}})
-    write(workspace / ".claude" / "settings.local.json", {"enableAllProjectMcpServers": True})
-    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    write(workspace / ".claude" / "settings.local.json", {"enableAllProjectMcpServers": True,
+                                                          "enabledMcpjsonServers": ["x"]})
+    if tracked:
+        subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+        subprocess.run(["git", "-C", str(workspace), "add", ".claude/settings.local.json"], check=True)
     made = make_agent(workspace, "--strict-mcp-config")
-    cfg = made.cfg._replace(project_mcp=made.cfg.project_mcp)
+    cfg = made.cfg
     made.close()
-    assert agent.mcp_settings(cfg)[0] is True  # not tracked: the user's own file
-    subprocess.run(["git", "-C", str(workspace), "add", ".claude/settings.local.json"], check=True)
-    assert agent.committed(workspace / ".claude" / "settings.local.json")
-    assert agent.mcp_settings(cfg)[0] is False
+    assert agent.mcp_settings(cfg)[:2] == (False, set())
+    assert not hasattr(agent, "committed")
 
 
 def test_a_command_file_attaches_nothing_from_outside_the_working_directory(workspace):
