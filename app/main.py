@@ -13,7 +13,8 @@ to stderr.
 Sections, in the order data flows:
     Constants, Errors, Bounded output   defaults, exit codes, the few exceptions, head-and-tail buffers
     Processes and signals               the spawner every child starts from, orphans, stop signals
-    Sandbox, Files in a sandbox         confinement between fork and exec, the zygote; race-free writes, guards
+    Sandbox, Files in a sandbox         confinement between fork and exec, the zygote; race-free writes, what is
+                                        read-only to commands (git, .mcp.json, .claude) and the guard
     Tools                               Read, Write, Edit, Bash, Glob, Grep
     Skills, Custom commands             .claude/skills and .claude/commands, @mentions
     Images and notebooks, Background shells, Web, Sub-agents and the to-do list    the other tools
