@@ -197,7 +197,7 @@ class Config(NamedTuple):
     sandbox: str = "off"  # off | read-only | workspace-write
     sandbox_network: bool = False  # commands may open TCP and UDP sockets in a confined mode
     sandbox_unix: bool = False  # commands may open unix sockets in a confined mode
-    sandbox_git_write: bool = False  # confined commands may write .git (commit, check out), but for its config and hooks
+    sandbox_git_write: bool = False  # confined commands may write .git (commit, check out) but its config and hooks
     add_dirs: tuple[Path, ...] = ()  # more folders commands and tools may write in workspace-write
     home: Path | None = None  # for ~/.claude/skills
     solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: transcripts, the model-list cache (None: nothing kept)
@@ -580,7 +580,7 @@ class Sandbox(NamedTuple):
     spawner: Spawner  # starts every MCP server of the run, each in namespaces of its own, confined
     unix: bool = False  # unix sockets allowed (any daemon of the user: tmux, docker, ssh-agent)
     zygote: Zygote | None = None  # starts every command, confined
-    read_only: tuple[Path, ...] = ()  # bind-mounted read-only for everything confined (git, settings); (): none could be
+    read_only: tuple[Path, ...] = ()  # bind-mounted read-only for all that is confined (git, settings); (): none could
 
     def check(self, path: Path, file_path: str) -> None:
         """ToolError for a write that resolves (symlinks and '..' followed) outside the writable folders."""
@@ -593,7 +593,7 @@ class Sandbox(NamedTuple):
         """One line for a command the sandbox may have stopped; nothing for other failures (126: a program
         that may not run, which the sandbox never causes)."""
         guarded = self.read_only and re.search(r"\.git\b|\.mcp\.json|\.claude|hooks", output)
-        if code in (0, 126) or not (DENIED.search(output) or guarded and re.search("Is a directory|resource busy", output)):
+        if code in (0, 126) or not (DENIED.search(output) or guarded and re.search("directory|resource busy", output)):
             return ""
         where = ", ".join(map(str, self.roots))
         sockets = [kind for kind, allowed in (("network", self.network), ("unix", self.unix)) if not allowed]
@@ -1536,8 +1536,8 @@ class Guard:
             how = "a new gitlink in .git/index, which git would enter and run what its config names: index put back"
         except OSError as error:
             self.index[folder] = now
-            how = f"a new gitlink in .git/index that could not be undone ({error.strerror or error}): git would enter " \
-                  "it and run what its config names; `git rm --cached` it"
+            how = f"a new gitlink in .git/index that could not be undone ({error.strerror or error}): git would " \
+                  "enter it and run what its config names; `git rm --cached` it"
         return [(link, how) for link in new]
 
 
@@ -4539,7 +4539,8 @@ class Hooks:
         if hook.run:
             result = hook.run(data)
         else:
-            code, stdout, stderr = run_hook_command(hook.command, data, cwd=self.cwd, env=self.env, timeout=hook.timeout,
+            code, stdout, stderr = run_hook_command(hook.command, data, cwd=self.cwd, env=self.env,
+                                                    timeout=hook.timeout,
                                                     start=self.outside if hook.outside else self.start)
             result = hook_result(hook.event, code, stdout, stderr) if code is not None else \
                 HookResult(-1, message=f"timed out after {hook.timeout:g} s and was killed")
@@ -6050,9 +6051,10 @@ class Agent:
             self.protection = protection(folders, roots, env, self.cfg.solo_home, self.cfg.sandbox_git_write)
             sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix,
                                             self.protection.paths)
+            mounted = bool(sandbox.read_only) or not self.protection.paths
             if not sandbox.read_only:  # no mount namespace: the guard puts back what commands change, at every step
                 self.protection.remove()
-            mounted = bool(sandbox.read_only) or not self.protection.paths
+                self.protection = Protection()
             self.guard = Guard(folders, not mounted, not mounted or self.cfg.sandbox_git_write) if folders else None
         except BaseException:
             self.close()

@@ -132,7 +132,7 @@ def check_after(base: Path, user: list[str]) -> None:
     git(ws, "commit", "-qam", "the user's own commit", user=user)
     assert git(ws, "log", "--oneline", user=user).stdout.count("\n") == 2
     assert sorted(p.name for p in proofs.iterdir()) == END  # no payload ran anywhere
-    assert not any((ws / name).exists() for name in (".mcp.json", ".claude", ".husky/_/pre-commit")), \
+    assert not any((ws / name).exists() for name in (".mcp.json", ".claude/settings.json", ".husky/_/pre-commit")), \
         sorted(p.name for p in ws.iterdir())
     assert "fsmonitor" not in (ws / ".git" / "config").read_text()
     assert git(ws, "ls-files", "-s", user=user).stdout.count("160000") == 0  # no gitlink
@@ -171,6 +171,8 @@ def test_nothing_the_model_writes_runs_outside_the_sandbox_later(serve, base, wh
     assert "PostToolUse hook ./lint.sh failed" in stderr  # the rewritten script ran confined: its touch was refused
     assert (base / "proofs" / "end-status").read_text() == " M lint.sh\n M tracked.txt\n?? poisoner\n?? vendor/\n"
     check_after(base, user)
+    assert not (base / "ws" / ".claude").exists() and not (base / "ws" / ".husky").exists()  # the empty folders the
+    # mounts held are gone
 
 
 @pytest.mark.parametrize("who", ["root", "nobody"])
@@ -183,7 +185,8 @@ def test_without_namespaces_the_guard_puts_everything_back_and_names_the_gitlink
     assert ".husky/_/pre-commit (removed)" not in results["husky"]  # not guarded without mounts: the hooks folder
     assert "gives confined commands no namespaces" in stderr
     ended = (base / "proofs" / "end-ls").read_text().split()  # the background shell was ended, and what it and the
-    assert ".mcp.json" not in ended and ".claude" not in ended  # others planted put back, before SessionEnd
+    assert ".mcp.json" not in ended and ".claude" in ended  # others planted put back, before SessionEnd (what
+    assert not (base / "ws" / ".claude" / "settings.json").exists()  # was made in .claude removed, the folder kept)
     assert "fsmonitor" not in (base / "proofs" / "end-config").read_text()
     assert sorted(p.name for p in (base / "proofs").iterdir()) == END, \
         (base / "proofs" / "end-status").read_text()
@@ -299,3 +302,14 @@ def test_verbose_and_permissions_say_which_protection_is_in_force(serve, run, wo
     assert "guarded files put back after every tool call, background shell event and before every hook" in \
         result.stderr
     assert sorted(p.name for p in workspace.iterdir()) == [".git", "app"]  # no empty folder left behind
+
+
+def test_permissions_says_which_protection_is_in_force(serve, terminal, workspace):
+    from tests.conftest import PROMPT
+    term = terminal(serve(lambda body: reply("done")), "--sandbox", "workspace-write")
+    term.send("/permissions\r")
+    term.expect(r"sandbox workspace-write: git's folder, \.mcp\.json, \.claude: read-only to every confined process")
+    term.expect(PROMPT)
+    term.send("/exit\r")
+    assert term.wait() == 0
+    assert sorted(p.name for p in workspace.iterdir()) == ["app"]  # the empty folders made for the mounts are gone
