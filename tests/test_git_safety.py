@@ -313,3 +313,22 @@ def test_permissions_says_which_protection_is_in_force(serve, terminal, workspac
     term.send("/exit\r")
     assert term.wait() == 0
     assert sorted(p.name for p in workspace.iterdir()) == ["app"]  # the empty folders made for the mounts are gone
+
+
+def test_a_confined_session_end_hook_runs_after_the_commands_are_gone(serve, run, workspace, private_tmp, tmp_path):
+    """The SessionEnd hook runs in the sandbox (its starter begun again once what commands left was ended): it writes
+    in the project, not outside, and sees no background job still writing."""
+    home = workspace.parent / "home"
+    (home / ".claude").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    end = {"type": "command", "command": f"sleep 0.3; cat count > ended.txt; touch {tmp_path}/outside/x"}
+    (home / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"SessionEnd": [{"hooks": [end]}]}}))
+    steps = [call("Bash", {"command": "for i in $(seq 1000); do echo $i > count; sleep 0.01; done",
+                           "run_in_background": True}, id="bg")]
+    server = serve(lambda body: reply(tool_calls=steps) if len(body["messages"]) < 3 else reply("done"))
+    result = run(["-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"], cwd=workspace,
+                 base_url=server.url, env={"TMPDIR": str(private_tmp)})
+    assert result.code == 0, result.stderr
+    wait_for(workspace / "ended.txt")
+    assert (workspace / "ended.txt").read_text() == (workspace / "count").read_text()  # nothing wrote meanwhile
+    assert not (tmp_path / "outside" / "x").exists() and "SessionEnd hook" in result.stderr
