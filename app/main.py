@@ -1485,13 +1485,17 @@ class Guard:
     anything confined changes there is put back by `undo`; where confined commands may write the git index (`links`),
     a gitlink that appears in it is named, and the index put back."""
 
-    def __init__(self, folders: tuple[Path, ...], watch: bool = True, links: bool = True):
+    def __init__(self, folders: tuple[Path, ...], watch: bool = True, links: bool = True, hooks: tuple[Path, ...] = ()):
         self.folders, self.watch, self.lock, self.pending = folders, watch, threading.Lock(), []
+        self.hooks = hooks  # the hooks folders git's config names: the file tools may not write them either
         self.kept = {folder: scan(folder) for folder in folders} if watch else {}
         self.index = {folder: read_index(folder) for folder in folders} if links else {}
 
     def refuse(self, real: Path, file_path: str) -> None:
         """ToolError for a write to a guarded file (`real`: where the path leads)."""
+        if any(real.is_relative_to(hooks) for hooks in self.hooks):
+            raise ToolError(f"{file_path} may not be changed in this sandbox: git runs the hooks in that folder "
+                            "(core.hooksPath) outside it later; ask the user to change it")
         for folder in self.folders:
             if real.is_relative_to(folder) and guarded(real.relative_to(folder).as_posix()):
                 raise ToolError(f"{file_path} may not be changed in this sandbox: git hooks and config, .mcp.json "
@@ -1557,6 +1561,7 @@ class Protection(NamedTuple):
 
     paths: tuple[Path, ...] = ()
     made: tuple[tuple[Path, Path], ...] = ()
+    hooks: tuple[Path, ...] = ()  # the hooks folders git's config names beneath a writable root (the file tools' too)
 
     def remove(self) -> None:
         """Remove the folders made, where nothing was put in them."""
@@ -1613,27 +1618,28 @@ def git_programs(gitdir: Path, top: Path, env: dict[str, str]) -> tuple[list[Pat
     return hooks, programs
 
 
-def wanted(folder: Path, env: dict[str, str], git_write: bool) -> tuple[list[Path], list[Path]]:
-    """One folder's paths to make read-only: those an empty folder stands in for while missing, and those that
-    count only when they exist (a program git runs; with `git_write`, git's config)."""
+def wanted(folder: Path, env: dict[str, str], git_write: bool) -> tuple[list[Path], list[Path], list[Path]]:
+    """One folder's paths to make read-only: those an empty folder stands in for while missing, those that count
+    only when they exist (a program git runs; with `git_write`, git's config), and the hooks folders git runs."""
     top, gits = git_folders(folder)
     hooks, programs = git_programs(gits[0], top, env) if gits else ([], [])
     if git_write:  # commits may be made: only what git runs and reads its commands from stays read-only
         kept, existing = [gits[-1] / "hooks"] * bool(gits), [gits[-1] / "config"] * bool(gits)
     else:
         kept, existing = [folder / ".git", *gits], []
-    return [*kept, folder / ".mcp.json", folder / ".claude", *hooks], [*existing, *programs[:32]]
+    return [*kept, folder / ".mcp.json", folder / ".claude", *hooks], [*existing, *programs[:32]], hooks
 
 
 def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, str], solo_home: Path | None,
                git_write: bool = False) -> Protection:
     """What to make read-only (see above) of these folders (resolved), and the empty folders made for the names
     that do not exist; never a writable root or a folder holding one."""
-    folders, always, existing = tuple(folders), [solo_home] if solo_home else [], []
+    folders, always, existing, hooks = tuple(folders), [solo_home] if solo_home else [], [], []
     for folder in folders:
-        made, kept = wanted(folder, env, git_write)
+        made, kept, named = wanted(folder, env, git_write)
         always += made
         existing += [path for path in kept if os.path.lexists(path)]
+        hooks += [Path(os.path.realpath(path)) for path in named]
     paths: list[Path] = []
     for path in sorted({Path(os.path.realpath(p)) for p in always + existing}, key=lambda p: p.parts):
         if any(path.is_relative_to(r) for r in roots) and not any(path.is_relative_to(p) for p in paths) \
@@ -1647,7 +1653,7 @@ def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, 
             made.append((path, top))
         except OSError:  # a folder solo may not write in: nothing there to mount over
             paths.remove(path)
-    return Protection(tuple(paths), tuple(made))
+    return Protection(tuple(paths), tuple(made), tuple(h for h in hooks if any(h.is_relative_to(r) for r in roots)))
 
 
 def guarded_folders(folders: Iterable[Path], roots: tuple[Path, ...]) -> tuple[Path, ...]:
@@ -6051,11 +6057,12 @@ class Agent:
             self.protection = protection(folders, roots, env, self.cfg.solo_home, self.cfg.sandbox_git_write)
             sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix,
                                             self.protection.paths)
-            mounted = bool(sandbox.read_only) or not self.protection.paths
+            mounted, hooks = bool(sandbox.read_only) or not self.protection.paths, self.protection.hooks
             if not sandbox.read_only:  # no mount namespace: the guard puts back what commands change, at every step
                 self.protection.remove()
                 self.protection = Protection()
-            self.guard = Guard(folders, not mounted, not mounted or self.cfg.sandbox_git_write) if folders else None
+            self.guard = Guard(folders, not mounted, not mounted or self.cfg.sandbox_git_write, hooks) if folders \
+                else None
         except BaseException:
             self.close()
             raise

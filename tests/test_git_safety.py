@@ -332,3 +332,19 @@ def test_a_confined_session_end_hook_runs_after_the_commands_are_gone(serve, run
     wait_for(workspace / "ended.txt")
     assert (workspace / "ended.txt").read_text() == (workspace / "count").read_text()  # nothing wrote meanwhile
     assert not (tmp_path / "outside" / "x").exists() and "SessionEnd hook" in result.stderr
+
+
+def test_write_refuses_the_hooks_folder_git_runs(workspace, private_tmp):
+    """Item 4 for the file tools: husky's .husky/_ (gitignored, so no diff shows it) may not be written either."""
+    from tests.test_sandbox import sandboxed, tool_call
+    git(workspace, "init", "-q")
+    git(workspace, "config", "core.hooksPath", ".husky/_")
+    folder, roots = Path(real(workspace)), (Path(real(workspace)), Path(real(private_tmp)))
+    protection = agent.protection((folder,), roots, dict(os.environ), None)
+    assert protection.hooks == (folder / ".husky" / "_",)
+    ctx = sandboxed(workspace, private_tmp, agent.Guard((folder,), False, False, protection.hooks))
+    result = agent.run_tool_call(tool_call("Write", ".husky/_/pre-commit"), {t.name: t for t in agent.TOOLS}, ctx)
+    assert result.startswith("Error: .husky/_/pre-commit may not be changed in this sandbox: git runs the hooks")
+    agent.run_tool_call(tool_call("Write", ".husky/pre-commit"), {t.name: t for t in agent.TOOLS}, ctx)
+    assert (workspace / ".husky" / "pre-commit").read_text() == "evil\n"  # husky's tracked sources stay the model's
+    protection.remove()
