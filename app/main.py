@@ -697,10 +697,12 @@ class Confinement:
     allows them (no other process visible), no capabilities, no new privileges, the Landlock ruleset, then the
     seccomp filter. Nothing confined ever shares memory with solo, which stays unconfined."""
 
-    def __init__(self, lib: Any, ruleset: int, program: bytes, namespaces: bool, read_only: tuple[Path, ...] = ()):
+    def __init__(self, lib: Any, ruleset: int, program: bytes, namespaces: bool, read_only: tuple[Path, ...] = (),
+                 pinned: tuple[Path, ...] = ()):
         import ctypes
         self.lib, self.ruleset, self.namespaces, self.errno = lib, ruleset, namespaces, ctypes.get_errno
-        self.binds = [(os.fsencode(path), remount_flags(path)) for path in sorted(read_only)]  # parents first
+        self.binds = sorted([(os.fsencode(path), remount_flags(path)) for path in read_only] +
+                            [(os.fsencode(path), 0) for path in pinned])  # parents first
         self.parent, self.max_fd = os.getpid(), os.sysconf("SC_OPEN_MAX")
         self.buffers = [ctypes.create_string_buffer(program)]  # kept alive: the kernel reads them in the child
         self.buffers.append(ctypes.create_string_buffer(struct.pack("<HxxxxxxQ", len(program) // 8,
@@ -753,7 +755,7 @@ class Confinement:
         self.check(lib.mount(b"proc", b"/proc", b"proc", 0xE, None), "mount /proc")  # nosuid, nodev, noexec
         for path, flags in self.binds:  # made once per namespace: every command the zygote forks shares them
             self.check(lib.mount(path, path, None, MS_BIND | MS_REC, None), "bind")
-            self.check(lib.mount(None, path, None, flags, None), "read-only")
+            self.check(lib.mount(None, path, None, flags, None) if flags else 0, "read-only")
         proc = os.open("/proc", os.O_PATH | os.O_CLOEXEC)  # a new file system: the read rule on the old one misses it
         self.check(lib.syscall(445, self.ruleset, 1, struct.pack("<Qi", READ_FILE, proc), 0), "landlock /proc")
         os.close(proc)
@@ -1082,10 +1084,10 @@ def exit_code(status: int) -> int:
 
 
 def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool = False,
-                 read_only: tuple[Path, ...] = ()) -> tuple[Sandbox, str]:
+                 read_only: tuple[Path, ...] = (), pinned: tuple[Path, ...] = ()) -> tuple[Sandbox, str]:
     """A sandbox over these folders, with `read_only` bind-mounted read-only for everything confined where the kernel
-    lets the zygote's mount namespace have them (Sandbox.read_only says whether), and a warning for what this kernel
-    cannot enforce; UsageError when it cannot be had at all. Starting the zygote tells whether namespaces can be
+    lets the zygote's mount namespace have them (Sandbox.read_only says whether; `pinned` bound as they are, so that
+    they cannot be renamed), and a warning for what this kernel cannot enforce; UsageError when it cannot be had at all. Starting the zygote tells whether namespaces can be
     had; without them, confined commands could read other processes' environments, which the warning says."""
     machine = os.uname().machine
     if machine not in AUDIT_ARCHES:
@@ -1096,7 +1098,7 @@ def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool =
     for namespaces, mounts in [(True, read_only)] * bool(read_only) + [(True, ()), (False, ())]:
         spawner = None
         try:
-            confinement = Confinement(lib, ruleset, program, namespaces, mounts)
+            confinement = Confinement(lib, ruleset, program, namespaces, mounts, pinned if mounts else ())
             spawner = Spawner(confinement.enter)
             zygote = Zygote(spawner, functools.partial(confinement.enter, init=True), ruleset)
             zygote.start()
@@ -1562,6 +1564,8 @@ class Protection(NamedTuple):
     paths: tuple[Path, ...] = ()
     made: tuple[tuple[Path, Path], ...] = ()
     hooks: tuple[Path, ...] = ()  # the hooks folders git's config names beneath a writable root (the file tools' too)
+    pinned: tuple[Path, ...] = ()  # the folders between a writable root and a path: bound (writable) so that no
+    # command can rename one away and make the path anew where the mount no longer is
 
     def remove(self) -> None:
         """Remove the folders made, where nothing was put in them."""
@@ -1653,7 +1657,9 @@ def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, 
             made.append((path, top))
         except OSError:  # a folder solo may not write in: nothing there to mount over
             paths.remove(path)
-    return Protection(tuple(paths), tuple(made), tuple(h for h in hooks if any(h.is_relative_to(r) for r in roots)))
+    pinned = {a for p in paths for a in p.parents if any(a.is_relative_to(r) and a != r for r in roots)}
+    return Protection(tuple(paths), tuple(made), tuple(h for h in hooks if any(h.is_relative_to(r) for r in roots)),
+                      tuple(sorted(pinned - set(paths), key=lambda p: p.parts)))
 
 
 def guarded_folders(folders: Iterable[Path], roots: tuple[Path, ...]) -> tuple[Path, ...]:
@@ -6056,7 +6062,7 @@ class Agent:
             folders = guarded_folders((self.cfg.cwd, *self.cfg.add_dirs), roots)
             self.protection = protection(folders, roots, env, self.cfg.solo_home, self.cfg.sandbox_git_write)
             sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix,
-                                            self.protection.paths)
+                                            self.protection.paths, self.protection.pinned)
             mounted, hooks = bool(sandbox.read_only) or not self.protection.paths, self.protection.hooks
             if not sandbox.read_only:  # no mount namespace: the guard puts back what commands change, at every step
                 self.protection.remove()

@@ -348,3 +348,26 @@ def test_write_refuses_the_hooks_folder_git_runs(workspace, private_tmp):
     agent.run_tool_call(tool_call("Write", ".husky/pre-commit"), {t.name: t for t in agent.TOOLS}, ctx)
     assert (workspace / ".husky" / "pre-commit").read_text() == "evil\n"  # husky's tracked sources stay the model's
     protection.remove()
+
+
+def test_no_folder_on_the_way_can_be_renamed_to_make_a_guarded_path_anew(tmp_path):
+    """A mount follows its folder when an ancestor is renamed: every folder between a writable root and a read-only
+    path is bound too (writable, but a mount point cannot be renamed), the project's own folder in /tmp included."""
+    ws = tmp_path / "ws"
+    git(tmp_path, "init", "-q", str(ws))
+    git(ws, "config", "core.hooksPath", ".husky/_")
+    roots = (Path(real(ws)), Path(real(tmp_path)))
+    protection = agent.protection((Path(real(ws)),), roots, dict(os.environ), None)
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
+                                    pinned=protection.pinned)
+    ctx = agent.ToolContext(cwd=ws, env=agent.command_env(dict(os.environ)), sandbox=sandbox)
+    try:
+        for command in ("mv .husky .husky2 && mkdir -p .husky/_ && echo evil > .husky/_/pre-commit",
+                        f"cd {tmp_path} && mv ws ws2 && mkdir -p ws/.git/hooks && echo evil > ws/.git/hooks/pre-commit",
+                        "echo fine > .husky/notes && mv .husky/notes notes && cat notes"):
+            agent.tool_bash(ctx, command)
+    finally:
+        sandbox.spawner.shutdown()
+        protection.remove()
+    assert sorted(p.name for p in ws.iterdir()) == [".git", "notes"] and (ws / "notes").read_text() == "fine\n"
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists() and not (tmp_path / "ws2").exists()
