@@ -1662,6 +1662,14 @@ def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, 
                       tuple(sorted(pinned - set(paths), key=lambda p: p.parts)))
 
 
+def protected(sandbox: Sandbox, guard: Guard | None) -> str:
+    """Which protection keeps git's folder, .mcp.json and .claude from confined commands, in one line."""
+    if sandbox.read_only:
+        return "read-only to every confined process (kernel mounts): " + ", ".join(map(str, sandbox.read_only))
+    return "guarded files put back after every tool call, background shell event and before every hook (no " \
+           "mount namespace here)" if guard else "nothing to guard beneath the writable folders"
+
+
 def guarded_folders(folders: Iterable[Path], roots: tuple[Path, ...]) -> tuple[Path, ...]:
     """The folders (resolved) whose guarded files confined commands could change: those beneath a writable root."""
     real = (Path(os.path.realpath(folder)) for folder in folders)
@@ -2743,7 +2751,7 @@ class Shell:
         fd, watched, owed = self.proc.stdout.fileno(), 0.0, False
         while True:
             if owed and time.monotonic() - watched >= 0.2:
-                self.watch()
+                self.check()
                 watched, owed = time.monotonic(), False
             if select.select([fd], [], [], 0.2)[0]:
                 if chunk := os.read(fd, 1 << 16):
@@ -2755,10 +2763,15 @@ class Shell:
                 continue
             code = self.proc.wait()  # the pipe ended, or the shell exited and what it left holds the pipe
             self.proc.stdout.close()
-            if self.watch:
-                self.watch()
+            self.check()
             self.code = code
             return
+
+    def check(self) -> None:
+        """Run `watch` (the guard's look), which must not end the thread that keeps the output."""
+        with contextlib.suppress(Exception):
+            if self.watch:
+                self.watch()
 
     def take(self) -> tuple[str, str]:
         """The state (running / exit code) and what arrived since the last take (all of it, once it ended)."""
@@ -6077,17 +6090,8 @@ class Agent:
         if self.cfg.verbose:
             self.notice(f"sandbox {self.cfg.sandbox}: writes only under {', '.join(map(str, roots))}; network "
                         f"{'on' if self.cfg.sandbox_network else 'off'}; unix sockets "
-                        f"{'on' if self.cfg.sandbox_unix else 'off'}; {self.protected(sandbox)}")
+                        f"{'on' if self.cfg.sandbox_unix else 'off'}; {protected(sandbox, self.guard)}")
         return sandbox
-
-    def protected(self, sandbox: Sandbox | None) -> str:
-        """Which protection keeps git's folder, .mcp.json and .claude from confined commands, in one line."""
-        if sandbox is None:
-            return "no sandbox: nothing keeps commands from git's folder, .mcp.json or .claude"
-        if sandbox.read_only:
-            return "read-only to every confined process (kernel mounts): " + ", ".join(map(str, sandbox.read_only))
-        return "guarded files put back after every tool call, background shell event and before every hook (no " \
-               "mount namespace here)" if self.guard else "nothing to guard beneath the writable folders"
 
     def close(self, reason: str = "other") -> None:
         """End the MCP servers and whatever commands left running; put back guarded files anything confined changed;
@@ -8093,7 +8097,7 @@ class Session:
         self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
         if agent.ctx.sandbox:
             self.reporter.say(f"sandbox {agent.cfg.sandbox}: git's folder, .mcp.json, .claude: "
-                              f"{agent.protected(agent.ctx.sandbox)}")
+                              f"{protected(agent.ctx.sandbox, agent.guard)}")
 
     def help(self) -> None:
         """The commands and keys, as a table."""
