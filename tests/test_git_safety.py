@@ -325,7 +325,13 @@ def test_a_confined_session_end_hook_runs_after_the_commands_are_gone(serve, run
     (home / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"SessionEnd": [{"hooks": [end]}]}}))
     steps = [call("Bash", {"command": "for i in $(seq 1000); do echo $i > count; sleep 0.01; done",
                            "run_in_background": True}, id="bg")]
-    server = serve(lambda body: reply(tool_calls=steps) if len(body["messages"]) < 3 else reply("done"))
+    def model(body: dict) -> dict:
+        if len(body["messages"]) < 3:
+            return reply(tool_calls=steps)
+        wait_for(workspace / "count")  # the background job is writing
+        return reply("done")
+
+    server = serve(model)
     result = run(["-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"], cwd=workspace,
                  base_url=server.url, env={"TMPDIR": str(private_tmp)})
     assert result.code == 0, result.stderr
