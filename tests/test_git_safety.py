@@ -24,7 +24,7 @@ from app import main as agent
 from tests.conftest import PROGRAM
 from tests.fake_openrouter import call, reply
 from tests.test_confinement import as_nobody
-from tests.test_sandbox import NO_NAMESPACES, confined, private_tmp, real  # noqa: F401 (fixtures)
+from tests.test_sandbox import confined, no_namespaces, private_tmp, real  # noqa: F401 (fixtures)
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@example.com", "GIT_COMMITTER_NAME": "u",
            "GIT_COMMITTER_EMAIL": "u@example.com", "GIT_CONFIG_NOSYSTEM": "1"}
@@ -176,11 +176,11 @@ def test_nothing_the_model_writes_runs_outside_the_sandbox_later(serve, base, wh
 
 
 @pytest.mark.parametrize("who", ["root", "nobody"])
-def test_without_namespaces_the_guard_puts_everything_back_and_names_the_gitlink(serve, base, who):
+def test_without_namespaces_the_guard_puts_everything_back_and_names_the_gitlink(serve, base, who, no_namespaces):
     """Items 2-3 where no mount namespace can be had: the guard puts back what the commands plant (the index too,
     when a gitlink appears in it) after every call and before every hook, and everything is back before SessionEnd."""
     user = user_for(who)
-    results, stderr = session(serve, base, user, NO_NAMESPACES, during=False)
+    results, stderr = session(serve, base, user, no_namespaces, during=False)
     assert "vendor/lib (a new gitlink in .git/index" in results["gitlink"] + results["husky"], results["gitlink"]
     assert ".husky/_/pre-commit (removed)" not in results["husky"]  # not guarded without mounts: the hooks folder
     assert "gives confined commands no namespaces" in stderr
@@ -291,14 +291,14 @@ def test_a_hook_runs_confined_with_its_input_and_output(confined, workspace, tmp
     assert code is None  # timed out, and killed
 
 
-def test_verbose_and_permissions_say_which_protection_is_in_force(serve, run, workspace, private_tmp):
+def test_verbose_says_which_protection_is_in_force(serve, run, workspace, private_tmp, no_namespaces):
     git(workspace, "init", "-q")
     server = serve(lambda body: reply("done"))
     result = run(["-p", "go", "--sandbox", "workspace-write", "--verbose", "--no-session-persistence"],
                  cwd=workspace, base_url=server.url, env={"TMPDIR": str(private_tmp)})
     assert "read-only to every confined process (kernel mounts): " + real(workspace) + "/.claude" in result.stderr
     result = run(["-p", "go", "--sandbox", "workspace-write", "--verbose", "--no-session-persistence"],
-                 cwd=workspace, base_url=server.url, env={"TMPDIR": str(private_tmp)}, wrap=NO_NAMESPACES)
+                 cwd=workspace, base_url=server.url, env={"TMPDIR": str(private_tmp)}, wrap=no_namespaces)
     assert "guarded files put back after every tool call, background shell event and before every hook" in \
         result.stderr
     assert sorted(p.name for p in workspace.iterdir()) == [".git", "app"]  # no empty folder left behind
