@@ -1466,8 +1466,9 @@ def undone_note(undone: list[str]) -> str:
            f".mcp.json, Claude settings): {shown}]"
 
 
-def read_index(folder: Path) -> tuple[bytes | None, set[str]]:
-    """A folder's .git/index: its bytes (None when too large to keep, or missing) and its gitlinks."""
+def read_index(folder: Path, was: tuple = ()) -> tuple:
+    """A folder's .git/index as (stamp, its bytes or None when too large to keep or missing, its gitlinks); `was`
+    itself when the stamp shows it unchanged (parsing a large index costs)."""
     try:
         fd = open_folder(folder, (".git",))
         try:
@@ -1475,10 +1476,14 @@ def read_index(folder: Path) -> tuple[bytes | None, set[str]]:
         finally:
             os.close(fd)
         with open(file, "rb") as f:
+            st = os.fstat(f.fileno())
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if was and was[0] == stamp:
+                return was
             data = f.read(INDEX_LIMIT * 8)
     except OSError:
-        return None, set()
-    return data if len(data) <= INDEX_LIMIT else None, index_gitlinks(data)
+        return (), None, set()
+    return stamp, data if len(data) <= INDEX_LIMIT else None, index_gitlinks(data)
 
 
 class Guard:
@@ -1526,9 +1531,10 @@ class Guard:
 
     def gitlinks(self, folder: Path) -> list[tuple[str, str]]:
         """The gitlinks new in a folder's git index since the last look, with the index put back as it was then."""
-        data, links = self.index[folder]
-        now = read_index(folder)
-        if not (new := sorted(now[1] - links)):
+        was = self.index[folder]
+        _, data, links = was
+        now = read_index(folder, was)
+        if not (new := sorted(now[2] - links)):
             self.index[folder] = now
             return []
         try:

@@ -377,3 +377,19 @@ def test_no_folder_on_the_way_can_be_renamed_to_make_a_guarded_path_anew(tmp_pat
         protection.remove()
     assert sorted(p.name for p in ws.iterdir()) == [".git", "notes"] and (ws / "notes").read_text() == "fine\n"
     assert not (ws / ".git" / "hooks" / "pre-commit").exists() and not (tmp_path / "ws2").exists()
+
+
+@pytest.mark.parametrize("mounted", [True], indirect=True)
+def test_with_git_write_a_new_gitlink_is_named_and_the_index_put_back(mounted, workspace):
+    """Item 3 where commands may write .git: a gitlink to a repository the command made (with a payload in its config)
+    is named, and the index is put back, so the user's git status never enters it."""
+    ctx = mounted._replace(guard=agent.Guard((Path(real(workspace)),), False, True))
+    proof = workspace.parent / "gitlink-proof"
+    result = agent.tool_bash(ctx, f"git init -q vendor/lib && git -C vendor/lib config core.fsmonitor 'touch {proof}' "
+                                  "&& git -C vendor/lib commit -q --allow-empty -m x && git update-index --add "
+                                  "--cacheinfo 160000,$(git -C vendor/lib rev-parse HEAD),vendor/lib && echo added")
+    assert "added\n[exit code 0]\n[the sandbox undid changes" in result and \
+        "vendor/lib (a new gitlink in .git/index, which git would enter and run what its config names: index put " \
+        "back)" in result, result
+    git(workspace, "status", "--short")
+    assert not proof.exists() and "160000" not in git(workspace, "ls-files", "-s").stdout
