@@ -13,7 +13,8 @@ to stderr.
 Sections, in the order data flows:
     Constants, Errors, Bounded output   defaults, exit codes, the few exceptions, head-and-tail buffers
     Processes and signals               the spawner every child starts from, orphans, stop signals
-    Sandbox, Files in a sandbox         confinement between fork and exec, the zygote; race-free writes, guards
+    Sandbox, Files in a sandbox         confinement between fork and exec, the zygote; race-free writes, what is
+                                        read-only to commands (git, .mcp.json, .claude) and the guard
     Tools                               Read, Write, Edit, Bash, Glob, Grep
     Skills, Custom commands             .claude/skills and .claude/commands, @mentions
     Images and notebooks, Background shells, Web, Sub-agents and the to-do list    the other tools
@@ -201,6 +202,7 @@ class Config(NamedTuple):
     sandbox: str = "off"  # off | read-only | workspace-write
     sandbox_network: bool = False  # commands may open TCP and UDP sockets in a confined mode
     sandbox_unix: bool = False  # commands may open unix sockets in a confined mode
+    sandbox_git_write: bool = False  # confined commands may write .git (commit, check out) but its config and hooks
     add_dirs: tuple[Path, ...] = ()  # more folders commands and tools may write in workspace-write
     home: Path | None = None  # for ~/.claude/skills
     solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: transcripts, the model-list cache (None: nothing kept)
@@ -572,6 +574,9 @@ SECCOMP_ALLOW, SECCOMP_EPERM, SECCOMP_ENOSYS, SECCOMP_KILL = 0x7FFF0000, 0x50001
 SECCOMP_EOPNOTSUPP = 0x5005F  # what a file system without extended attributes says: tools go on without them
 SET_ID_BITS = 0o6000  # S_ISUID | S_ISGID
 ZYGOTE_WAIT = 30  # seconds the zygote may take to start, or to start a command
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_RELATIME = 0x1, 0x20, 0x1000, 0x4000, 0x200000
+KEPT_MOUNT_FLAGS = 0x2 | 0x4 | 0x8 | 0x400 | 0x800  # nosuid, nodev, noexec, noatime, nodiratime (statvfs's bits too):
+# locked in a user namespace, so a read-only bind must keep them
 ZYGOTE_IMPORTS = "from __future__ import annotations\nimport contextlib, json, os, select, signal, socket\n"
 
 
@@ -585,6 +590,7 @@ class Sandbox(NamedTuple):
     spawner: Spawner  # starts every MCP server of the run, each in namespaces of its own, confined
     unix: bool = False  # unix sockets allowed (any daemon of the user: tmux, docker, ssh-agent)
     zygote: Zygote | None = None  # starts every command, confined
+    read_only: tuple[Path, ...] = ()  # bind-mounted read-only for all that is confined (git, settings); (): none could
 
     def check(self, path: Path, file_path: str) -> None:
         """ToolError for a write that resolves (symlinks and '..' followed) outside the writable folders."""
@@ -596,12 +602,16 @@ class Sandbox(NamedTuple):
     def note(self, output: str, code: int) -> str:
         """One line for a command the sandbox may have stopped; nothing for other failures (126: a program
         that may not run, which the sandbox never causes)."""
-        if code in (0, 126) or not DENIED.search(output):
+        guarded = self.read_only and re.search(r"\.git\b|\.mcp\.json|\.claude|hooks", output)
+        if code in (0, 126) or not (DENIED.search(output) or guarded and re.search("directory|resource busy", output)):
             return ""
         where = ", ".join(map(str, self.roots))
         sockets = [kind for kind, allowed in (("network", self.network), ("unix", self.unix)) if not allowed]
         return f"\n[the sandbox ({self.mode}) may have stopped part of this: commands may write only under {where}" + \
-               (f" and may not open {' or '.join(sockets)} sockets" if sockets else "") + "]"
+               (f" and may not open {' or '.join(sockets)} sockets" if sockets else "") + \
+               ("; git's folder, its hooks, .mcp.json and .claude are read-only to commands: git commands that only "
+                "read work, but committing, checking out and changing git's config are for the user to do" if guarded
+                else "") + "]"
 
 
 def bpf_program(program: list) -> bytes:
@@ -694,15 +704,25 @@ def landlock_ruleset(lib: Any, roots: tuple[Path, ...], network: bool) -> tuple[
         "signalling processes outside the sandbox or reaching abstract unix sockets"
 
 
+def remount_flags(path: Path) -> int:
+    """mount(2)'s flags that make a bind of `path` read-only, keeping those of the mount it lies on that a user
+    namespace may not drop (EPERM otherwise)."""
+    flags = os.statvfs(path).f_flag
+    return MS_BIND | MS_REMOUNT | MS_RDONLY | (flags & KEPT_MOUNT_FLAGS) | (MS_RELATIME if flags & 0x1000 else 0)
+
+
 class Confinement:
     """What a command's process does between fork and exec (Popen's preexec_fn), prepared in advance so that the
     child only makes system calls: its own user, PID and mount namespaces with a fresh /proc where the kernel
     allows them (no other process visible), no capabilities, no new privileges, the Landlock ruleset, then the
     seccomp filter. Nothing confined ever shares memory with solo, which stays unconfined."""
 
-    def __init__(self, lib: Any, ruleset: int, program: bytes, namespaces: bool):
+    def __init__(self, lib: Any, ruleset: int, program: bytes, namespaces: bool, read_only: tuple[Path, ...] = (),
+                 pinned: tuple[Path, ...] = ()):
         import ctypes
         self.lib, self.ruleset, self.namespaces, self.errno = lib, ruleset, namespaces, ctypes.get_errno
+        self.binds = sorted([(os.fsencode(path), remount_flags(path)) for path in read_only] +
+                            [(os.fsencode(path), 0) for path in pinned])  # parents first
         self.parent, self.max_fd = os.getpid(), os.sysconf("SC_OPEN_MAX")
         self.buffers = [ctypes.create_string_buffer(program)]  # kept alive: the kernel reads them in the child
         self.buffers.append(ctypes.create_string_buffer(struct.pack("<HxxxxxxQ", len(program) // 8,
@@ -753,6 +773,9 @@ class Confinement:
         lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
         self.check(lib.mount(None, b"/", None, 0x44000, None), "mount")  # MS_REC | MS_PRIVATE
         self.check(lib.mount(b"proc", b"/proc", b"proc", 0xE, None), "mount /proc")  # nosuid, nodev, noexec
+        for path, flags in self.binds:  # made once per namespace: every command the zygote forks shares them
+            self.check(lib.mount(path, path, None, MS_BIND | MS_REC, None), "bind")
+            self.check(lib.mount(None, path, None, flags, None) if flags else 0, "read-only")
         proc = os.open("/proc", os.O_PATH | os.O_CLOEXEC)  # a new file system: the read rule on the old one misses it
         self.check(lib.syscall(445, self.ruleset, 1, struct.pack("<Qi", READ_FILE, proc), 0), "landlock /proc")
         os.close(proc)
@@ -914,12 +937,29 @@ def credited(sock: socket.socket, size: int = 8) -> tuple[bytes, int]:
     return data, pids[0] if pids else 0
 
 
+def child_ends(null: int, hows: tuple) -> tuple[list[int], list[Any]]:
+    """The descriptors a command gets as 0, 1 and 2 for Popen's stdin, stdout and stderr arguments (None or DEVNULL,
+    PIPE, STDOUT for stderr, or a descriptor), and the files solo keeps of each pipe (None where there is none)."""
+    ends, kept = [], []
+    for i, how in enumerate(hows):
+        if how == subprocess.PIPE:
+            read, write = os.pipe()
+            ends.append(read if i == 0 else write)
+            kept.append(open(write, "wb") if i == 0 else open(read, "rb"))
+        else:
+            ends.append(null if how in (None, subprocess.DEVNULL) else ends[1] if how == subprocess.STDOUT else how)
+            kept.append(None)
+    return ends, kept
+
+
 class Forked:
     """A command the zygote started, as much of a Popen as solo uses: pid (as solo sees it), stdout, poll, wait; and a
     pidfd, which names the command even after the zygote reaped it (see signal_command)."""
 
-    def __init__(self, args: list, channel: socket.socket, pid: int, stdout: Any, pidfd: int):
+    def __init__(self, args: list, channel: socket.socket, pid: int, stdout: Any, pidfd: int, stdin: Any = None,
+                 stderr: Any = None):
         self.args, self.channel, self.pid, self.stdout, self.pidfd = args, channel, pid, stdout, pidfd
+        self.stdin, self.stderr = stdin, stderr
         self.returncode, self.lock = None, threading.Lock()
 
     def __del__(self) -> None:
@@ -997,14 +1037,10 @@ class Zygote:
 
     def popen(self, args: list, *, cwd: Path, env: dict[str, str], stdin: Any = None, stdout: Any = None,
               stderr: Any = None, start_new_session: bool = False) -> Forked:
-        """Start a command as Popen would (stdin/stdout/stderr: DEVNULL, PIPE for stdout, STDOUT for stderr, or an
-        fd); OSError when it cannot run, or when the zygote does not answer (it is ended: a command stopped it)."""
-        null, kept = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC), None
-        if stdout == subprocess.PIPE:
-            read, stdout = os.pipe()
-            kept = open(read, "rb")
-        ends = [null if how in (None, subprocess.DEVNULL) else stdout if how == subprocess.STDOUT else how
-                for how in (stdin, stdout, stderr)]
+        """Start a command as Popen would (stdin/stdout/stderr: DEVNULL, PIPE, STDOUT for stderr, or an fd); OSError
+        when it cannot run, or when the zygote does not answer (it is ended: a command stopped it)."""
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        ends, kept = child_ends(null, (stdin, stdout, stderr))
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         channel.settimeout(ZYGOTE_WAIT)
@@ -1026,19 +1062,20 @@ class Zygote:
             for pidfd in pidfds:
                 os.close(pidfd)
             channel.close()
-            if kept:
-                kept.close()
+            for file in filter(None, kept):
+                file.close()
             if isinstance(error, TimeoutError) and self.proc:
                 self.proc.kill()  # its init (or itself) dies with it
                 raise OSError(f"the sandbox's command starter did not answer in {ZYGOTE_WAIT} s; it was ended, "
                               "the next command starts a new one") from None
             raise
         finally:
-            for fd in {null, theirs.detach(), *([stdout] if kept else [])}:
+            for fd in {null, theirs.detach(), *(end for end, file in zip(ends, kept) if file)}:
                 os.close(fd)
         channel.settimeout(None)
-        self.started = [forked for forked in self.started if forked.returncode is None]
-        self.started.append(forked := Forked(args, channel, pid, kept, pidfds[0]))
+        with self.lock:  # hooks start from several threads at once
+            self.started = [forked for forked in self.started if forked.returncode is None]
+            self.started.append(forked := Forked(args, channel, pid, kept[1], pidfds[0], kept[0], kept[2]))
         return forked
 
     def leftovers(self) -> list[tuple[int, str]]:
@@ -1066,32 +1103,36 @@ def exit_code(status: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool = False) -> tuple[Sandbox, str]:
-    """A sandbox over these folders, and a warning for what this kernel cannot enforce; UsageError when it cannot
-    be had at all. Starting the zygote tells whether namespaces can be had; without them, confined commands could
-    read other processes' environments, which the warning says."""
+def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool = False,
+                 read_only: tuple[Path, ...] = (), pinned: tuple[Path, ...] = ()) -> tuple[Sandbox, str]:
+    """A sandbox over these folders, with `read_only` bind-mounted read-only for everything confined where the kernel
+    lets the zygote's mount namespace have them (Sandbox.read_only says whether; `pinned` bound as they are, so that
+    they cannot be renamed), and a warning for what this kernel cannot enforce; UsageError when it cannot be had at all. Starting the zygote tells whether namespaces can be
+    had; without them, confined commands could read other processes' environments, which the warning says."""
     machine = os.uname().machine
     if machine not in AUDIT_ARCHES:
         raise UsageError(f"the sandbox supports x86_64 and aarch64, not {machine}; run with --sandbox off")
     lib = load_libc()
     ruleset, warning = landlock_ruleset(lib, roots, network)
     program = seccomp_filter(machine, network, unix)
-    for namespaces in (True, False):
-        confinement = Confinement(lib, ruleset, program, namespaces)
-        spawner = Spawner(confinement.enter)
-        zygote = Zygote(spawner, functools.partial(confinement.enter, init=True), ruleset)
+    for namespaces, mounts in [(True, read_only)] * bool(read_only) + [(True, ()), (False, ())]:
+        spawner = None
         try:
+            confinement = Confinement(lib, ruleset, program, namespaces, mounts, pinned if mounts else ())
+            spawner = Spawner(confinement.enter)
+            zygote = Zygote(spawner, functools.partial(confinement.enter, init=True), ruleset)
             zygote.start()
             break
         except (OSError, subprocess.SubprocessError) as error:
-            spawner.shutdown()
+            if spawner:
+                spawner.shutdown()
             if not namespaces:
                 os.close(ruleset)
                 raise UsageError(f"the sandbox could not be applied: {error}") from None
     if not namespaces:
         warning = "; ".join(filter(None, [warning, "this kernel gives confined commands no namespaces of their own: "
                                                    "they can read the environments of the user's other processes"]))
-    return Sandbox(mode, roots, network, spawner, unix, zygote), warning
+    return Sandbox(mode, roots, network, spawner, unix, zygote, mounts), warning
 
 
 # --- Files in a sandbox ---------------------------------------------------------------------------
@@ -1104,6 +1145,7 @@ GUARDED = (".mcp.json", ".claude/settings.json", ".claude/settings.local.json", 
 GUARD_DEPTH = 16  # folders deeper than this under a guarded one are a change in themselves
 GUARDED_FOLDERS = (".git", ".claude")  # what holds them: only something other than a folder there is a change
 GUARD_FILE_LIMIT = 1 << 20  # bytes of one guarded file kept to put back (a larger one is only watched)
+INDEX_LIMIT = 1 << 24  # bytes of a git index kept to put back when a gitlink appears in it
 FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a folder handle, never through a symlink
 LISTING = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
@@ -1275,7 +1317,8 @@ def look(fd: int, names: list[str], prefix: str, found: dict[str, tuple | None])
 
 
 def modules(fd: int, prefix: str = ".git/modules", depth: int = 4) -> list[str]:
-    """The git folders of submodules under .git/modules (names may nest), as paths relative to the folder."""
+    """The git folders of submodules under .git/modules (names may nest), or those under another prefix (worktrees),
+    as paths relative to the folder."""
     try:
         sub = os.open(prefix, LISTING, dir_fd=fd)
     except OSError:
@@ -1296,7 +1339,9 @@ def scan(folder: Path) -> dict[str, tuple | None]:
     found: dict[str, tuple | None] = {}
     fd = open_folder(folder)
     try:
-        for rel in (*GUARDED, *(f"{git}/{name}" for git in modules(fd) for name in ("config", "hooks", "commondir"))):
+        for rel in (*GUARDED, *(f"{git}/{name}" for git in modules(fd) for name in ("config", "hooks", "commondir")),
+                    *(f"{tree}/{name}" for tree in modules(fd, ".git/worktrees", 0)
+                      for name in ("commondir", "gitdir", "config.worktree"))):
             look(fd, rel.split("/"), "", found)
     finally:
         os.close(fd)
@@ -1391,6 +1436,44 @@ def restore(folder: Path, kept: dict[str, tuple | None]) -> list[tuple[str, str]
     return undone + [(rel, put_back(folder, rel, kept[rel])) for rel in changed if kept.get(rel) is not None]
 
 
+def index_gitlinks(data: bytes) -> set[str]:
+    """The paths a git index (version 2, 3 or 4; SHA-1 or SHA-256 names) records as gitlinks (mode 160000: a
+    repository git goes into, and runs the programs its config names); set() for what is no index."""
+    if data[:4] != b"DIRC" or len(data) < 12:
+        return set()
+    version, count = struct.unpack(">II", data[4:12])
+    for size in (20, 32):
+        with contextlib.suppress(ValueError, struct.error):
+            return index_entries(data, version, count, size)
+    return set()
+
+
+def index_entries(data: bytes, version: int, count: int, size: int) -> set[str]:
+    """index_gitlinks with names of `size` bytes; ValueError where the entries do not line up."""
+    at, name, links = 12, b"", set()
+    for _ in range(count):
+        mode, flags = struct.unpack_from(">I", data, at + 24)[0], struct.unpack_from(">H", data, at + 40 + size)[0]
+        head = at + 42 + size + (2 if version >= 3 and flags & 0x4000 else 0)
+        if version == 4:  # the name: how much of the last one to drop (git's offset varint), then the rest
+            byte, head = data[head], head + 1
+            strip = byte & 0x7F
+            while byte & 0x80:
+                byte, head = data[head], head + 1
+                strip = ((strip + 1) << 7) | (byte & 0x7F)
+            end = data.index(b"\0", head)
+            name, at = name[: len(name) - strip] + data[head:end], end + 1
+        else:
+            end = data.index(b"\0", head)
+            name, at = data[head:end], at + ((end - at + 8) & ~7)
+            if data[end:at].strip(b"\0") or at > len(data):
+                raise ValueError("padding")
+        if len(name) != flags & 0xFFF and flags & 0xFFF != 0xFFF:
+            raise ValueError("name length")
+        if mode == 0o160000:
+            links.add(os.fsdecode(name))
+    return links
+
+
 def guarded(rel: str) -> bool:
     """Whether a path relative to a guarded folder is one the file tools may not write (anything in .git)."""
     return rel in GUARDED or rel in GUARDED_FOLDERS or rel.startswith(".git/")
@@ -1403,30 +1486,214 @@ def undone_note(undone: list[str]) -> str:
            f".mcp.json, Claude settings): {shown}]"
 
 
+def read_index(folder: Path, was: tuple = ()) -> tuple:
+    """A folder's .git/index as (stamp, its bytes or None when too large to keep or missing, its gitlinks); `was`
+    itself when the stamp shows it unchanged (parsing a large index costs)."""
+    try:
+        fd = open_folder(folder, (".git",))
+        try:
+            file = os.open("index", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        with open(file, "rb") as f:
+            st = os.fstat(f.fileno())
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if was and was[0] == stamp:
+                return was
+            data = f.read(INDEX_LIMIT * 8)
+    except OSError:
+        return (), None, set()
+    return stamp, data if len(data) <= INDEX_LIMIT else None, index_gitlinks(data)
+
+
 class Guard:
     """The GUARDED files under some folders (the working directory first, then each --add-dir) as they were at the
-    start: the file tools may not write them, and what anything confined changes there is put back by `undo`."""
+    start: the file tools may not write them, and where the kernel does not keep them read-only (`watch`), what
+    anything confined changes there is put back by `undo`; where confined commands may write the git index (`links`),
+    a gitlink that appears in it is named, and the index put back."""
 
-    def __init__(self, folders: tuple[Path, ...]):
-        self.folders = folders
-        self.kept = {folder: scan(folder) for folder in folders}
+    def __init__(self, folders: tuple[Path, ...], watch: bool = True, links: bool = True, hooks: tuple[Path, ...] = ()):
+        self.folders, self.watch, self.lock, self.pending = folders, watch, threading.Lock(), []
+        self.hooks = hooks  # the hooks folders git's config names: the file tools may not write them either
+        self.kept = {folder: scan(folder) for folder in folders} if watch else {}
+        self.index = {folder: read_index(folder) for folder in folders} if links else {}
 
     def refuse(self, real: Path, file_path: str) -> None:
         """ToolError for a write to a guarded file (`real`: where the path leads)."""
+        if any(real.is_relative_to(hooks) for hooks in self.hooks):
+            raise ToolError(f"{file_path} may not be changed in this sandbox: git runs the hooks in that folder "
+                            "(core.hooksPath) outside it later; ask the user to change it")
         for folder in self.folders:
             if real.is_relative_to(folder) and guarded(real.relative_to(folder).as_posix()):
                 raise ToolError(f"{file_path} may not be changed in this sandbox: git hooks and config, .mcp.json "
                                 "and Claude settings would run code outside it later; ask the user to change it")
 
     def undo(self) -> list[str]:
-        """Put back every guarded file changed since the start; each change undone, as 'path (how)'."""
-        undone = []
-        for i, folder in enumerate(self.folders):
-            try:
-                undone += [f"{folder / rel if i else rel} ({how})" for rel, how in restore(folder, self.kept[folder])]
-            except OSError as error:
-                undone.append(f"{folder} (could not be checked: {error.strerror or error})")
+        """Put back every guarded file changed since the start, and the index where a gitlink appeared; each change
+        undone, as 'path (how)', with those found by `check` since the last undo."""
+        with self.lock:
+            undone, self.pending = self.pending, []
+            for i, folder in enumerate(self.folders if self.watch or self.index else ()):
+                try:
+                    found = restore(folder, self.kept[folder]) if self.watch else []
+                    found += self.gitlinks(folder) if self.index else []
+                    undone += [f"{folder / rel if i else rel} ({how})" for rel, how in found]
+                except OSError as error:
+                    undone.append(f"{folder} (could not be checked: {error.strerror or error})")
         return undone
+
+    def check(self) -> None:
+        """Undo now (a background shell wrote or ended, a hook is about to run); the next result says what."""
+        if self.watch or self.index:
+            undone = self.undo()
+            with self.lock:
+                self.pending += undone
+
+    def gitlinks(self, folder: Path) -> list[tuple[str, str]]:
+        """The gitlinks new in a folder's git index since the last look, with the index put back as it was then."""
+        was = self.index[folder]
+        _, data, links = was
+        now = read_index(folder, was)
+        if not (new := sorted(now[2] - links)):
+            self.index[folder] = now
+            return []
+        try:
+            if data is None:
+                raise OSError(errno.EFBIG, "the index was too large to keep")
+            fd = open_folder(folder, (".git",))
+            try:
+                replace_at(fd, "index", data, stat.S_IMODE(os.stat("index", dir_fd=fd, follow_symlinks=False).st_mode))
+            finally:
+                os.close(fd)
+            how = "a new gitlink in .git/index, which git would enter and run what its config names: index put back"
+        except OSError as error:
+            self.index[folder] = now
+            how = f"a new gitlink in .git/index that could not be undone ({error.strerror or error}): git would " \
+                  "enter it and run what its config names; `git rm --cached` it"
+        return [(link, how) for link in new]
+
+
+# What a sandbox makes read-only to everything confined, in the kernel (a read-only bind mount in the namespaces of
+# the zygote and the MCP servers, made once): per folder (the working directory, each --add-dir) its .git and the git
+# folders it leads to, .mcp.json, .claude, the hooks folder and the programs git's config names; and SOLO_HOME; each
+# only where it lies beneath a writable root. A name that does not exist gets an empty folder to mount over (git
+# ignores an empty .git and an empty folder; solo reads no .mcp.json folder): nothing confined can then make it.
+GIT_PROGRAMS = (r"^(core\.(hookspath|fsmonitor|sshcommand|pager|editor|askpass)|sequence\.editor|diff\.external|"
+                r"diff\..+\.(textconv|command)|filter\..+\.(clean|smudge|process)|merge\..+\.driver|"
+                r"gpg\.(.+\.)?program|credential\.(.+\.)?helper)$")  # git config keys naming what git runs
+
+
+class Protection(NamedTuple):
+    """The paths a sandbox asks to have read-only, and the empty folders solo made for names that did not exist
+    (each with the topmost folder made for it), removed again at the end while they are still empty."""
+
+    paths: tuple[Path, ...] = ()
+    made: tuple[tuple[Path, Path], ...] = ()
+    hooks: tuple[Path, ...] = ()  # the hooks folders git's config names beneath a writable root (the file tools' too)
+    pinned: tuple[Path, ...] = ()  # the folders between a writable root and a path: bound (writable) so that no
+    # command can rename one away and make the path anew where the mount no longer is
+
+    def remove(self) -> None:
+        """Remove the folders made, where nothing was put in them."""
+        for path, top in self.made:
+            with contextlib.suppress(OSError):
+                while True:
+                    os.rmdir(path)
+                    if path == top:
+                        break
+                    path = path.parent
+
+
+def git_folders(folder: Path) -> tuple[Path, list[Path]]:
+    """The top of the repository holding `folder` and its git folders: its .git folder, or for a `gitdir:` file
+    (a worktree, a submodule) the folder it names and that one's commondir; (folder, []) outside any."""
+    for top in (folder, *folder.parents):
+        dot = top / ".git"
+        if dot.is_dir():
+            return top, [dot]
+        if dot.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                found = [Path(os.path.realpath(top / dot.read_text()[:4096].strip().removeprefix("gitdir:").strip()))]
+                with contextlib.suppress(OSError):
+                    found.append(Path(os.path.realpath(found[0] / (found[0] / "commondir").read_text().strip())))
+                return top, found
+            return top, []
+    return folder, []
+
+
+def git_programs(gitdir: Path, top: Path, env: dict[str, str]) -> tuple[list[Path], list[Path]]:
+    """The hooks folders git's config (every file git reads for this repository) names, and the paths of programs it
+    names that exist (a word with a '/', relative ones from the repository's top, where git runs them)."""
+    import shlex
+    import shutil
+    git = shutil.which("git", path=env.get("PATH"))
+    try:
+        out = subprocess.run([git, "--git-dir", str(gitdir), "config", "-z", "--get-regexp", GIT_PROGRAMS], cwd=top,
+                             env={k: v for k, v in env.items() if not k.startswith("GIT_")}, capture_output=True,
+                             timeout=10).stdout if git else b""
+    except (OSError, subprocess.SubprocessError):
+        return [], []
+    hooks, programs = [], []
+    for item in filter(None, out.split(b"\0")):
+        key, _, value = os.fsdecode(item).partition("\n")
+        if key == "core.hookspath":
+            hooks.append(top / os.path.expanduser(value))
+            continue
+        try:
+            words = shlex.split(value.removeprefix("!"))
+        except ValueError:
+            words = value.removeprefix("!").split()
+        programs += [path for word in words if "/" in word and not word.startswith("-")
+                     and os.path.lexists(path := top / os.path.expanduser(word))]
+    return hooks, programs
+
+
+def wanted(folder: Path, env: dict[str, str], git_write: bool) -> tuple[list[Path], list[Path], list[Path]]:
+    """One folder's paths to make read-only: those an empty folder stands in for while missing, those that count
+    only when they exist (a program git runs; with `git_write`, git's config), and the hooks folders git runs."""
+    top, gits = git_folders(folder)
+    hooks, programs = git_programs(gits[0], top, env) if gits else ([], [])
+    if git_write:  # commits may be made: only what git runs and reads its commands from stays read-only
+        kept, existing = [gits[-1] / "hooks"] * bool(gits), [gits[-1] / "config"] * bool(gits)
+    else:
+        kept, existing = [folder / ".git", *gits], []
+    return [*kept, folder / ".mcp.json", folder / ".claude", *hooks], [*existing, *programs[:32]], hooks
+
+
+def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, str], solo_home: Path | None,
+               git_write: bool = False) -> Protection:
+    """What to make read-only (see above) of these folders (resolved), and the empty folders made for the names
+    that do not exist; never a writable root or a folder holding one."""
+    folders, always, existing, hooks = tuple(folders), [solo_home] if solo_home else [], [], []
+    for folder in folders:
+        made, kept, named = wanted(folder, env, git_write)
+        always += made
+        existing += [path for path in kept if os.path.lexists(path)]
+        hooks += [Path(os.path.realpath(path)) for path in named]
+    paths: list[Path] = []
+    for path in sorted({Path(os.path.realpath(p)) for p in always + existing}, key=lambda p: p.parts):
+        if any(path.is_relative_to(r) for r in roots) and not any(path.is_relative_to(p) for p in paths) \
+                and not any(r.is_relative_to(path) for r in (*roots, *folders)):
+            paths.append(path)
+    made = []
+    for path in [path for path in paths if not os.path.lexists(path)]:
+        top = next(p for p in reversed((path, *path.parents)) if not os.path.lexists(p))
+        try:
+            os.makedirs(path, 0o755, exist_ok=True)
+            made.append((path, top))
+        except OSError:  # a folder solo may not write in: nothing there to mount over
+            paths.remove(path)
+    pinned = {a for p in paths for a in p.parents if any(a.is_relative_to(r) and a != r for r in roots)}
+    return Protection(tuple(paths), tuple(made), tuple(h for h in hooks if any(h.is_relative_to(r) for r in roots)),
+                      tuple(sorted(pinned - set(paths), key=lambda p: p.parts)))
+
+
+def protected(sandbox: Sandbox, guard: Guard | None) -> str:
+    """Which protection keeps git's folder, .mcp.json and .claude from confined commands, in one line."""
+    if sandbox.read_only:
+        return "read-only to every confined process (kernel mounts): " + ", ".join(map(str, sandbox.read_only))
+    return "guarded files put back after every tool call, background shell event and before every hook (no " \
+           "mount namespace here)" if guard else "nothing to guard beneath the writable folders"
 
 
 def guarded_folders(folders: Iterable[Path], roots: tuple[Path, ...]) -> tuple[Path, ...]:
@@ -2509,26 +2776,38 @@ def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "
 class Shell:
     """A command running in the background: its process, and its output since the last read (head and tail)."""
 
-    def __init__(self, command: str, proc: subprocess.Popen):
+    def __init__(self, command: str, proc: subprocess.Popen, watch: Callable[[], None] | None = None):
         self.command, self.proc, self.code = command, proc, None  # code: set once it exited and its output is in
-        self.out, self.lock = HeadTail(RESULT_LIMIT // 2 - 200), threading.Lock()
+        self.out, self.lock, self.watch = HeadTail(RESULT_LIMIT // 2 - 200), threading.Lock(), watch
         threading.Thread(target=self.pump, daemon=True).start()
 
     def pump(self) -> None:
-        """Keep what the command writes until it exits (a process it leaves holding the pipe is not waited for)."""
-        fd = self.proc.stdout.fileno()
+        """Keep what the command writes until it exits (a process it leaves holding the pipe is not waited for);
+        `watch` runs when it wrote (at most every 0.2 s) and when it ends."""
+        fd, watched, owed = self.proc.stdout.fileno(), 0.0, False
         while True:
+            if owed and time.monotonic() - watched >= 0.2:
+                self.check()
+                watched, owed = time.monotonic(), False
             if select.select([fd], [], [], 0.2)[0]:
                 if chunk := os.read(fd, 1 << 16):
                     with self.lock:
                         self.out.feed(chunk)
+                    owed = self.watch is not None
                     continue
             elif self.proc.poll() is None:
                 continue
             code = self.proc.wait()  # the pipe ended, or the shell exited and what it left holds the pipe
             self.proc.stdout.close()
+            self.check()
             self.code = code
             return
+
+    def check(self) -> None:
+        """Run `watch` (the guard's look), which must not end the thread that keeps the output."""
+        with contextlib.suppress(Exception):
+            if self.watch:
+                self.watch()
 
     def take(self) -> tuple[str, str]:
         """The state (running / exit code) and what arrived since the last take (all of it, once it ended)."""
@@ -2550,8 +2829,9 @@ class Shells:
         self.shells: dict[str, Shell] = {}
         self.lock = threading.Lock()
 
-    def start(self, popen: Callable[..., subprocess.Popen], command: str, cwd: Path, env: dict[str, str]) -> str:
-        """Start a command in its own process group; its shell id."""
+    def start(self, popen: Callable[..., subprocess.Popen], command: str, cwd: Path, env: dict[str, str],
+              watch: Callable[[], None] | None = None) -> str:
+        """Start a command in its own process group (`watch` runs at its events: see Shell.pump); its shell id."""
         with self.lock:
             if sum(shell.code is None for shell in self.shells.values()) >= SHELLS_AT_ONCE:
                 raise ToolError(f"{SHELLS_AT_ONCE} background shells are running already; end one with KillShell")
@@ -2559,7 +2839,7 @@ class Shells:
                 proc = popen(["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             shell_id = f"bash_{len(self.shells) + 1}"
-            self.shells[shell_id] = Shell(command, proc)
+            self.shells[shell_id] = Shell(command, proc, watch)
         return shell_id
 
     def get(self, shell_id: str) -> Shell:
@@ -2585,7 +2865,7 @@ def start_shell(ctx: ToolContext, command: str) -> str:
     """Bash with run_in_background: start the command, return its shell id at once."""
     if ctx.shells is None:
         raise ToolError("background shells are not available here")
-    shell_id = ctx.shells.start(starter(ctx), command, ctx.cwd, ctx.env)
+    shell_id = ctx.shells.start(starter(ctx), command, ctx.cwd, ctx.env, ctx.guard.check if ctx.guard else None)
     return f"Started in the background as {shell_id}. Read its output with BashOutput; end it with KillShell."
 
 
@@ -3145,8 +3425,10 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
         result = tool.run(ctx._replace(call_id=str(call.get("id") or "")), **kwargs)
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
-    return attached(clip(result, tool.limit), result.parts) if isinstance(result, Attached) else clip(str(result),
-                                                                                                     tool.limit)
+    note = f"\n{undone_note(undone)}" if ctx.guard and (undone := ctx.guard.undo()) else ""  # after every call: what
+    # confined processes changed meanwhile, where the kernel does not keep it read-only
+    return attached(clip(result, tool.limit) + note, result.parts) if isinstance(result, Attached) else \
+        clip(str(result), tool.limit) + note
 
 
 PLAN_NOTE = ("[Plan mode: investigate with the read-only tools and answer with a plan for the change; make no "
@@ -4178,7 +4460,8 @@ def save_rules(cwd: Path, texts: tuple[str, ...]) -> Path:
 
 # --- Hooks ----------------------------------------------------------------------------------------
 # Claude Code's command hooks: {"hooks": {"<Event>": [{"matcher": "...", "hooks": [{"type": "command", "command":
-# "...", "timeout": 60}]}]}}. Each runs through the shell in the working directory, the event as JSON on stdin;
+# "...", "timeout": 60}]}]}}. Each runs through the shell in the working directory (in a sandbox, confined like the
+# commands, unless the user's own settings say "sandbox": false beside its "command"), the event as JSON on stdin;
 # exit 0 is success (JSON on stdout may decide), 2 blocks (stderr says why), anything else is a warning and the work
 # goes on. A hook is one function from the event's input to a HookResult, so another kind (a callback of a program
 # driving solo) can stand in for a command.
@@ -4213,6 +4496,7 @@ class Hook(NamedTuple):
     timeout: float
     origin: str  # the settings file
     run: Callable[[dict], HookResult] | None = None  # a stand-in for the command (a callback); None: the command
+    outside: bool = False  # "sandbox": false in the user's own settings: runs outside the sandbox
 
 
 def load_hooks(layers: list[Layer]) -> tuple[list[Hook], list[str]]:
@@ -4238,7 +4522,11 @@ def load_hooks(layers: list[Layer]) -> tuple[list[Hook], list[str]]:
                         warnings.append(f"{where}: {json.dumps(entry)[:100]} is not a command hook "
                                         '({"type": "command", "command": "...", "timeout": seconds}); ignored')
                         continue
-                    hooks.append(Hook(event, matcher, entry["command"], float(timeout), layer.path))
+                    outside = entry.get("sandbox") is False and not from_project(layer)
+                    if entry.get("sandbox") is False and not outside:
+                        warnings.append(f"{where}: \"sandbox\": false is honoured only in your own settings, not in "
+                                        "a project's; the hook runs in the sandbox")
+                    hooks.append(Hook(event, matcher, entry["command"], float(timeout), layer.path, outside=outside))
     return hooks, warnings
 
 
@@ -4313,7 +4601,7 @@ def run_hook_command(command: str, data: dict, *, cwd: Path, env: dict[str, str]
     finally:
         if proc:
             if code is None:
-                signal_group(proc.pid, signal.SIGKILL)
+                signal_command(proc, signal.SIGKILL)
                 proc.wait()
             proc.stdout.close()
             proc.stderr.close()
@@ -4347,8 +4635,10 @@ class Hooks:
     once), each timed and reported; their results merged into one."""
 
     def __init__(self, hooks: list[Hook], *, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
-                 start: Callable[..., subprocess.Popen] = subprocess.Popen, common: Callable[[], dict] = dict):
+                 start: Callable[..., subprocess.Popen] = subprocess.Popen, common: Callable[[], dict] = dict,
+                 outside: Callable[..., subprocess.Popen] | None = None, before: Callable[[], None] | None = None):
         self.hooks, self.cwd, self.emit, self.start, self.common = hooks, cwd, emit, start, common
+        self.outside, self.before = outside or start, before  # how "sandbox": false hooks start; run before any hook
         self.env = {**env, "CLAUDE_PROJECT_DIR": str(cwd), "SOLO_PROJECT_DIR": str(cwd)}
         self.missing: set[str] = set()  # commands the shell did not find: said once each
         self.count = itertools.count(1)
@@ -4362,6 +4652,8 @@ class Hooks:
                       .values())
         if not chosen:
             return HookResult()
+        if self.before:
+            self.before()
         data = {**self.common(), "hook_event_name": event, **data}
         if len(chosen) == 1:
             return merged([self.run(chosen[0], data, target)])
@@ -4385,7 +4677,8 @@ class Hooks:
             result = hook.run(data)
         else:
             code, stdout, stderr = run_hook_command(hook.command, data, cwd=self.cwd, env=self.env,
-                                                    timeout=hook.timeout, start=self.start)
+                                                    timeout=hook.timeout,
+                                                    start=self.outside if hook.outside else self.start)
             result = hook_result(hook.event, code, stdout, stderr) if code is not None else \
                 HookResult(-1, message=f"timed out after {hook.timeout:g} s and was killed")
         self.emit({"type": "hook_response", "hook_id": hook_id, "hook_name": name, "hook_event": hook.event,
@@ -5831,7 +6124,8 @@ class Agent:
                  relay: Callable[[str, dict, float], dict] | None = None):
         self.emit, self.usage, self.transcript, self.ask_user, self.context = emit, Usage(), None, ask_user, []
         self.scratch, self.servers, self.guard = None, [], None  # a read-only sandbox's private temp folder; the MCP
-        self.trust = settle_trust(cfg, ask_trust, self.notice)  # servers; the guarded files of a sandbox. Asked first
+        self.protection = Protection()  # servers; the guarded files of a sandbox; what its kernel keeps read-only
+        self.trust = settle_trust(cfg, ask_trust, self.notice)  # asked first
         self.cfg = cfg = apply_settings(cfg, self.trust.settings)
         layers = in_force(cfg.settings, self.trust.settings) + flag_rules(cfg)
         self.rules, bad_rules = load_rules(layers)
@@ -5850,11 +6144,13 @@ class Agent:
         self.turns = 0  # prompts run: a sub-agent left running by a cancelled one stops at its next step
         self.commands = discover_commands(([cfg.home] if cfg.home else []) + [cfg.cwd],  # .claude/commands, yours
                                           None if self.trust.settings or cfg.cwd == cfg.home else cfg.cwd)  # first
-        sandbox = self.confine()
-        self.spawner = sandbox.spawner if sandbox else Spawner()
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
-        start = hook_starter(Spawner() if sandbox else self.spawner) if hooks else subprocess.Popen  # unconfined: hooks
-        self.hooks = Hooks(hooks, cwd=cfg.cwd, env=given, emit=emit, common=self.hook_fields, start=start)  # are yours
+        sandbox = self.confine(given)
+        self.spawner = sandbox.spawner if sandbox else Spawner()
+        outside = hook_starter(Spawner() if sandbox else self.spawner) if hooks else subprocess.Popen
+        start = sandbox.zygote.popen if sandbox and sandbox.zygote else outside  # in a sandbox, hooks run in it too
+        self.hooks = Hooks(hooks, cwd=cfg.cwd, env=given, emit=emit, common=self.hook_fields, start=start,
+                           outside=outside, before=self.guard.check if self.guard else None)
         self.compactor.hook = self.compacting if hooks else None
         tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
@@ -5869,8 +6165,9 @@ class Agent:
                 tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout, trusted=True)
                 self.tools[tool.name] = tool
 
-    def confine(self) -> Sandbox | None:
-        """The sandbox of the run's mode: read-only writes only in a private temp folder (commands' TMPDIR)."""
+    def confine(self, env: dict[str, str]) -> Sandbox | None:
+        """The sandbox of the run's mode: read-only writes only in a private temp folder (commands' TMPDIR); git's
+        folder, .mcp.json and .claude read-only to everything confined (or, without mount namespaces, guarded)."""
         if self.cfg.sandbox == "off":
             return None
         import tempfile
@@ -5880,9 +6177,16 @@ class Agent:
             roots = (self.scratch,)
         try:
             roots = tuple(Path(os.path.realpath(root)) for root in roots if os.path.isdir(root))
-            sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix)
             folders = guarded_folders((self.cfg.cwd, *self.cfg.add_dirs), roots)
-            self.guard = Guard(folders) if folders else None
+            self.protection = protection(folders, roots, env, self.cfg.solo_home, self.cfg.sandbox_git_write)
+            sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix,
+                                            self.protection.paths, self.protection.pinned)
+            mounted, hooks = bool(sandbox.read_only) or not self.protection.paths, self.protection.hooks
+            if not sandbox.read_only:  # no mount namespace: the guard puts back what commands change, at every step
+                self.protection.remove()
+                self.protection = Protection()
+            self.guard = Guard(folders, not mounted, not mounted or self.cfg.sandbox_git_write, hooks) if folders \
+                else None
         except BaseException:
             self.close()
             raise
@@ -5891,21 +6195,25 @@ class Agent:
         if self.cfg.verbose:
             self.notice(f"sandbox {self.cfg.sandbox}: writes only under {', '.join(map(str, roots))}; network "
                         f"{'on' if self.cfg.sandbox_network else 'off'}; unix sockets "
-                        f"{'on' if self.cfg.sandbox_unix else 'off'}")
+                        f"{'on' if self.cfg.sandbox_unix else 'off'}; {protected(sandbox, self.guard)}")
         return sandbox
 
     def close(self, reason: str = "other") -> None:
-        """Run the SessionEnd hooks; end the MCP servers and whatever commands left running; put back guarded files
-        anything confined changed; remove a read-only sandbox's temp folder."""
-        with contextlib.suppress(Exception):
-            if getattr(self, "hooks", None):
-                self.hooks.fire("SessionEnd", {"reason": reason})
+        """End the MCP servers and whatever commands left running; put back guarded files anything confined changed;
+        then run the SessionEnd hooks, on a tree no command can change any more; remove the empty folders made to
+        hold guarded names and a read-only sandbox's temp folder."""
         for server in self.servers:
             server.stop()
-        self.shells.close()
+        if getattr(self, "shells", None):
+            self.shells.close()
         end_orphans()
         if self.guard and (undone := self.guard.undo()):
             self.notice(undone_note(undone))
+        with contextlib.suppress(Exception):
+            if getattr(self, "hooks", None):
+                self.hooks.fire("SessionEnd", {"reason": reason})
+                end_orphans()  # and the sandbox's command starter, which hooks may have started again
+        self.protection.remove()
         if self.scratch:
             import shutil
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -6193,6 +6501,8 @@ def add_run_options(add: Callable[..., Any]) -> None:
     add("--sandbox", choices=SANDBOX_MODES, help="confine commands and file tools: read-only, workspace-write, off")
     add("--sandbox-network", choices=("on", "off"), help="commands may open network connections in a sandbox (off)")
     add("--sandbox-unix-sockets", choices=("on", "off"), help="commands may open unix sockets in a sandbox (off)")
+    add("--sandbox-git-write", choices=("on", "off"), help="commands may commit and check out in a sandbox; git's "
+        "config and hooks stay read-only (off)")
     add("--add-dir", action="append", default=[], metavar="DIR", help="one more folder to work in (workspace-write: "
         "to write in)")
     add("--settings", metavar="FILE_OR_JSON", help="one more settings file (Claude Code's format), read last")
@@ -6344,6 +6654,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         pass_env=tuple(names(args.pass_env) + names(env.get("SOLO_PASS_ENV", ""))), session_id=new_uuid(),
         permission_mode="bypassPermissions" if args.yes else args.permission_mode or "default", sandbox=sandbox,
         sandbox_network=args.sandbox_network == "on", sandbox_unix=args.sandbox_unix_sockets == "on",
+        sandbox_git_write=args.sandbox_git_write == "on",
         add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir),
         solo_home=Path(solo_home) if (solo_home := env.get("SOLO_HOME", "").strip()) else home and home / ".solo",
         settings=read_settings(sources, home, cwd, args.settings), given=frozenset(given), **sdk_settings(args)),
@@ -7905,6 +8216,9 @@ class Commands:
             self.reporter.say(f"not in force until you trust this folder: {visible(json.dumps(waiting))} (/trust, then "
                               "start a session here)")
         self.reporter.say(f"permission mode: {agent.cfg.permission_mode}")
+        if agent.ctx.sandbox:
+            self.reporter.say(f"sandbox {agent.cfg.sandbox}: git's folder, .mcp.json, .claude: "
+                              f"{protected(agent.ctx.sandbox, agent.guard)}")
 
     def help(self) -> None:
         """The commands and keys, as a table."""

@@ -266,9 +266,11 @@ def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[fl
     from app import main as agent
     plain = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)), spawner=agent.Spawner())
     roots = (workspace.resolve(), Path(tempfile.gettempdir()).resolve())
+    protection = agent.protection((workspace.resolve(),), roots, dict(os.environ), None)  # read-only, as the agent's
     try:
-        sandbox, _ = agent.make_sandbox("workspace-write", roots, False)
+        sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths)
     except agent.UsageError:
+        protection.remove()
         return None
     confined = plain._replace(sandbox=sandbox)
     times: dict[str, list[float]] = {"plain": [], "confined": []}
@@ -282,6 +284,7 @@ def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[fl
             assert result == "(no output)\n[exit code 0]", result
     finally:
         sandbox.spawner.shutdown()
+        protection.remove()
     return statistics.median(times["plain"]), statistics.median(times["confined"])
 
 

@@ -74,14 +74,15 @@ def serve():
 
 
 def run_program(args: list[str], *, cwd: Path, base_url: str, env: dict | None = None,
-                timeout: float = 60, stdin: Any = subprocess.DEVNULL) -> Run:
-    """Run ./your_program.sh as the tester does: another working directory, stdin closed, no TTY."""
+                timeout: float = 60, stdin: Any = subprocess.DEVNULL, wrap: tuple[str, ...] = ()) -> Run:
+    """Run ./your_program.sh as the tester does: another working directory, stdin closed, no TTY (`wrap`: a command
+    line the program's is appended to)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
     home = cwd.parent / "home"  # an empty home: the machine's own ~/.claude/skills must not leak in
     home.mkdir(exist_ok=True)
     full_env.update({"OPENROUTER_BASE_URL": base_url, "OPENROUTER_API_KEY": "sk-test-secret-123", "HOME": str(home)})
     full_env.update(env or {})
-    proc = subprocess.run([str(PROGRAM), *args], cwd=cwd, env=full_env, stdin=stdin,
+    proc = subprocess.run([*wrap, str(PROGRAM), *args], cwd=cwd, env=full_env, stdin=stdin,
                           capture_output=True, text=True, timeout=timeout)
     return Run(proc.returncode, proc.stdout, proc.stderr)
 

@@ -1019,8 +1019,27 @@ def test_write_and_edit_refuse_the_guarded_files(workspace, private_tmp, tool, f
     assert snapshot(workspace) == before
 
 
+NO_NAMESPACES = ("unshare", "--user", "--map-root-user", "sh", "-c",  # a kernel that gives no user namespaces
+                 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh")
+
+
+@pytest.fixture
+def no_namespaces() -> tuple[str, ...]:
+    """The command line prefix under which the program gets no user namespaces (none where it gets none anyway)."""
+    try:
+        if subprocess.run(["unshare", "--user", "true"], capture_output=True).returncode:
+            return ()
+        if subprocess.run([*NO_NAMESPACES, "true"], capture_output=True).returncode == 0:
+            return NO_NAMESPACES
+    except OSError:
+        pass
+    pytest.skip("no unshare(1) to take user namespaces away")
+
+
 def test_the_program_undoes_a_plant_and_refuses_a_write_and_checks_again_at_exit(serve, run, workspace,
-                                                                                  private_tmp):
+                                                                                  private_tmp, no_namespaces):
+    """Where no mount namespace can be had, the guard puts back what a command plants (issue 29 item 2 makes the same
+    files read-only in the kernel where one can: test_git_safety.py)."""
     git_init(workspace)
     steps = [[bash(PLANT, "plant")], [call("Write", {"file_path": ".mcp.json", "content": "{}"}, id="write")],
              [bash("(sleep 0.3; echo '{}' > .mcp.json; echo done > planted) >/dev/null 2>&1 &", "later")]]
@@ -1035,7 +1054,7 @@ def test_the_program_undoes_a_plant_and_refuses_a_write_and_checks_again_at_exit
     server = serve(model)
     before = snapshot(workspace / ".git")
     result = run(["-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"], cwd=workspace,
-                 base_url=server.url, env={"TMPDIR": str(private_tmp)})
+                 base_url=server.url, env={"TMPDIR": str(private_tmp)}, wrap=no_namespaces)
     assert result.code == 0, result.stderr
     results = tool_results(server.bodies[-1])
     assert results["plant"].startswith("planted\n[exit code 0]\n[the sandbox undid changes") and \
