@@ -8115,20 +8115,29 @@ class SdkLink:
         threading.Thread(target=self.read, daemon=True).start()
 
     def read(self) -> None:
-        """Route every line of stdin; at its end, wake every waiter and end the queue."""
-        with contextlib.suppress(OSError, ValueError):
-            while line := self.stdin.readline():
-                try:
-                    message = json.loads(line)
-                    assert isinstance(message, dict)
-                except (ValueError, AssertionError):
-                    self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
-                    continue
-                self.route(message)
-        self.closed = True
-        for slot in list(self.pending.values()):
-            slot.set()
-        self.prompts.put(None)
+        """Route every line of stdin; at its end, whatever ends it, wake every waiter and end the queue."""
+        try:
+            with contextlib.suppress(OSError, ValueError):
+                for line in self.lines():
+                    try:
+                        message = json.loads(line)
+                        assert isinstance(message, dict)
+                    except (ValueError, AssertionError, RecursionError):  # RecursionError: nested too deeply
+                        self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
+                        continue
+                    self.route(message)
+        finally:
+            self.closed = True
+            for slot in list(self.pending.values()):
+                slot.set()
+            self.prompts.put(None)
+
+    def lines(self) -> Iterator[str]:
+        """stdin's lines, read as bytes and decoded here as UTF-8 (a bad byte replaced), whatever PYTHONIOENCODING
+        says."""
+        source = getattr(self.stdin, "buffer", self.stdin)
+        while line := source.readline():
+            yield line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line
 
     def route(self, message: dict) -> None:
         """One line from the SDK."""
@@ -8220,9 +8229,11 @@ class SdkRun:
         reporter.write_json(init_event(agent.cfg, agent, agent.cfg.permission_mode))
         if self.cfg.replay_user_messages:
             reporter.write_json({**message, "session_id": agent.cfg.session_id, "uuid": new_uuid(), "isReplay": True})
-        text, images = user_content((message.get("message") or {}).get("content"))
         outcome, failure, error = None, None, ""
         try:
+            if not isinstance(message.get("message"), dict):  # a malformed prompt fails alone
+                raise AgentError(f"the prompt's message is not an object: {one_line(str(message.get('message')), 80)}")
+            text, images = user_content(message["message"].get("content"))
             with self.lock:
                 self.running = True
             try:
@@ -8279,7 +8290,9 @@ class SdkRun:
 
     def set_model(self, request: dict) -> dict:
         """Change the model from the next prompt on (none: the default)."""
-        self.changes["model"] = model_id(str(request.get("model") or DEFAULT_MODEL))
+        if (model := request.get("model")) is not None and not isinstance(model, str):
+            raise AgentError(f"the model must be a string, not {type(model).__name__}")
+        self.changes["model"] = model_id(model or DEFAULT_MODEL)
         return {}
 
     def add_hooks(self) -> None:
