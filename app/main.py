@@ -4171,11 +4171,14 @@ def hook_result(event: str, code: int, stdout: str, stderr: str) -> HookResult:
         return HookResult(2, block=stderr.strip() or "blocked by a hook")
     if code != 0:
         return HookResult(code, message=stderr.strip() or stdout.strip())
+    warning = ""
     if stdout.lstrip().startswith("{"):
-        with contextlib.suppress(ValueError):
+        try:
             if isinstance(output := json.loads(stdout), dict):
                 return hook_answer(event, output)
-    return HookResult(context=stdout.strip() if event in ("UserPromptSubmit", "SessionStart") else "")
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deeply to read
+            warning = f"its output is not valid JSON ({one_line(str(error), 80) or 'nested too deeply'}); read as text"
+    return HookResult(context=stdout.strip() if event in ("UserPromptSubmit", "SessionStart") else "", message=warning)
 
 
 def run_hook_command(command: str, data: dict, *, cwd: Path, env: dict[str, str], timeout: float,
