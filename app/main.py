@@ -2670,52 +2670,101 @@ def web_url(ctx: ToolContext, url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(scheme="https")) if not on_loopback(url) else url.strip()
 
 
+class PageFetch:
+    """One page's download in a thread of its own, so that a WebFetch ends by its deadline whatever the server's pacing:
+    the body is read in pieces as they arrive; at the deadline the caller takes what came and the thread stops at its
+    next piece (or when the server's silence times out)."""
+
+    def __init__(self, url: str):
+        self.url, self.data, self.kind, self.note = url, bytearray(), None, ""  # kind: the final Content-Type
+        self.error: ToolError | None = None
+        self.lock, self.done, self.stopped = threading.Lock(), threading.Event(), False
+
+    def run(self) -> None:
+        """Fetch the page; whatever happens, say it is done."""
+        try:
+            self.follow()
+        except ToolError as error:
+            self.error = error
+        except Exception as error:  # a broken server or stream: the thread must end and say why
+            self.error = ToolError(f"could not fetch {self.url}: {one_line(str(error), 200)}")
+        finally:
+            self.done.set()
+
+    def follow(self) -> None:
+        """Follow redirects on the page's own host, then read the page; a redirect to another host is only noted."""
+        import urllib.parse  # already loaded by requests: free
+        url = self.url
+        with requests.Session() as session:
+            session.auth = lambda request: request  # set, so requests never sends ~/.netrc's credentials to a page
+            for _ in range(10):
+                try:
+                    response = session.get(url, stream=True, allow_redirects=False, timeout=WEB_TIMEOUTS, headers={
+                        "User-Agent": f"solo/{VERSION}", "Accept": "text/html, text/*, */*"})
+                except requests.RequestException as error:
+                    raise ToolError(f"could not fetch {url}: {one_line(str(error), 200)}") from None
+                with response:
+                    if not response.is_redirect:
+                        self.url = url
+                        return self.read(response)
+                    target = urllib.parse.urljoin(url, response.headers.get("Location", ""))
+                    if host_of(target) != host_of(url):
+                        self.note = f"{url} redirects to {target}, on another host; fetch that URL to follow it"
+                        return None
+                    url = target
+        raise ToolError(f"{url} redirects too many times")
+
+    def read(self, response: requests.Response) -> None:
+        """Keep the body as it arrives (each piece at once: urllib3's read1 where it has it), at most WEB_BYTES + 1."""
+        if response.status_code >= 400:
+            raise ToolError(f"{self.url} answered HTTP {response.status_code} {response.reason}")
+        with self.lock:
+            self.kind = response.headers.get("Content-Type", "").lower()
+        read1 = getattr(response.raw, "read1", None)
+        pieces = iter(lambda: read1(1 << 16, decode_content=True) or b"", b"") if read1 else \
+            response.iter_content(1 << 14)
+        try:
+            for piece in pieces:
+                with self.lock:
+                    self.data += piece
+                    if len(self.data) > WEB_BYTES or self.stopped:
+                        return
+        except Exception as error:  # whatever the stream raises (urllib3's errors are its own classes)
+            raise ToolError(f"the page {self.url} broke off: {one_line(str(error), 200)}") from None
+
+
 def fetch_page(url: str) -> tuple[str, str]:
-    """A page's URL and text (HTML made readable), following redirects on its own host; a redirect to another host
-    comes back as ("", a note saying where it leads)."""
-    import urllib.parse  # already loaded by requests: free
-    with requests.Session() as session:
-        session.auth = lambda request: request  # set, so requests never sends ~/.netrc's credentials to a page
-        for _ in range(10):
-            try:
-                response = session.get(url, stream=True, allow_redirects=False, timeout=WEB_TIMEOUTS,
-                                       headers={"User-Agent": f"solo/{VERSION}", "Accept": "text/html, text/*, */*"})
-            except requests.RequestException as error:
-                raise ToolError(f"could not fetch {url}: {one_line(str(error), 200)}") from None
-            with response:
-                if not response.is_redirect:
-                    return url, page_body(response, url)
-                target = urllib.parse.urljoin(url, response.headers.get("Location", ""))
-                if host_of(target) != host_of(url):
-                    return "", f"{url} redirects to {target}, on another host; fetch that URL to follow it"
-                url = target
-    raise ToolError(f"{url} redirects too many times")
+    """A page's URL and text (HTML made readable), following redirects on its own host, in WEB_SECONDS at most
+    (then cut); a redirect to another host comes back as ("", a note saying where it leads)."""
+    fetch = PageFetch(url)
+    threading.Thread(target=fetch.run, daemon=True).start()
+    late = not fetch.done.wait(WEB_SECONDS)
+    with fetch.lock:
+        fetch.stopped, data, kind = True, bytes(fetch.data), fetch.kind
+    if fetch.note:
+        return "", fetch.note
+    if fetch.error and not late:
+        raise fetch.error
+    if kind is None:
+        raise ToolError(f"{url} sent no page in {WEB_SECONDS:g} s")
+    return fetch.url, page_body(data, kind, fetch.url, late)
 
 
-def page_body(response: requests.Response, url: str) -> str:
-    """A fetched page's text: at most WEB_BYTES read; ToolError for an error status or binary content."""
-    if response.status_code >= 400:
-        raise ToolError(f"{url} answered HTTP {response.status_code} {response.reason}")
-    kind = response.headers.get("Content-Type", "").lower()
-    data, started = b"", time.monotonic()
-    try:
-        for chunk in response.iter_content(1 << 16):
-            data += chunk
-            if len(data) > WEB_BYTES or time.monotonic() - started > WEB_SECONDS:
-                break
-    except requests.RequestException as error:
-        raise ToolError(f"the page {url} broke off: {one_line(str(error), 200)}") from None
+def page_body(data: bytes, kind: str, url: str, late: bool) -> str:
+    """A fetched page's text, cut to WEB_BYTES (`late`: what arrived by the deadline); ToolError for binary content.
+    An unknown charset, or one that cannot decode it, is read as UTF-8."""
     textual = not kind or kind.startswith("text/") or re.search(r"json|xml|javascript", kind)
     if not textual or sniff_encoding(data[:SNIFF_BYTES]) is None:
         raise ToolError(f"{url} is {kind.split(';')[0] or 'binary data'} ({len(data)} bytes), not a page to read")
     charset = re.search(r"charset=([\w-]+)", kind)
     try:
         text = data[:WEB_BYTES].decode(charset.group(1) if charset else "utf-8", errors="replace")
-    except LookupError:
+    except (LookupError, ValueError):  # ValueError: a codec such as idna that cannot replace what it cannot decode
         text = data[:WEB_BYTES].decode("utf-8", errors="replace")
     text = page_text(text, url) if "html" in kind or re.match(r"\s*<(!doctype|html)", text, re.I) else text
-    cut = len(data) > WEB_BYTES or time.monotonic() - started > WEB_SECONDS
-    return text + (f"\n[the page was cut at {len(data[:WEB_BYTES])} bytes]" if cut else "")
+    if late:
+        return text + f"\n[the page was cut at {len(data[:WEB_BYTES])} bytes: it took longer than {WEB_SECONDS:g} s]"
+    return text + (f"\n[the page was cut at {WEB_BYTES} bytes]" if len(data) > WEB_BYTES else "")
 
 
 WEB_READER = ("You read a web page for a coding agent and answer its request from the page alone: briefly, exactly, "

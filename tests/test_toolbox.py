@@ -4,6 +4,7 @@ end against the fake OpenRouter."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -308,19 +309,34 @@ def site():
                       "/big": (200, "text/plain", b"x" * (6 << 20)),
                       "/binary": (200, "application/octet-stream", bytes(range(256)) * 4),
                       "/missing": (404, "text/html", b"no"),
-                      "/plain-count": (200, "text/plain", f"fetched {len(counted)} times".encode())}
+                      "/plain-count": (200, "text/plain", f"fetched {len(counted)} times".encode()),
+                      "/idna": (200, "text/plain; charset=idna", "café ".encode() + b"\xff"),
+                      "/utf-7": (200, "text/plain; charset=utf-7", b"caf+AOk- +\xff")}
             if self.path == "/here":
                 return self.redirect("/page")
             if self.path == "/away":
                 return self.redirect(f"http://localhost:{port}/page")  # another host name for the same server
             if self.path == "/slow":
                 time.sleep(1.5)
+            if self.path.startswith("/trickle"):  # a byte every 50 ms of a page that says it is 200 bytes long
+                return self.trickle()
             status, kind, body = routes.get(self.path, (200, "text/plain", b"late"))
             self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def trickle(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", "200")
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                for _ in range(200):
+                    self.wfile.write(b"t")
+                    self.wfile.flush()
+                    time.sleep(0.05)
 
         def redirect(self, where: str) -> None:
             self.send_response(302)
@@ -363,6 +379,25 @@ def test_web_fetch_reads_pages_and_asks_the_model(ctx, site, monkeypatch):
         asked[-1][0][1]["content"]
     monkeypatch.setattr(agent, "WEB_TIMEOUTS", (1.0, 0.3))
     assert run(ctx, "WebFetch", url=f"{site}/slow", prompt="p").startswith(f"Error: could not fetch {site}/slow:")
+
+
+def test_web_fetch_ends_at_its_deadline_whatever_the_pacing_alone_or_in_a_batch(ctx, site, monkeypatch):
+    """One byte every 50 ms never leaves the connection silent: the deadline (made 1.5 s here) still holds."""
+    monkeypatch.setattr(agent, "WEB_SECONDS", 1.5)
+    started = time.monotonic()
+    result = run(ctx, "WebFetch", url=f"{site}/trickle", prompt="p")
+    assert time.monotonic() - started < 1.5 + 2
+    assert result.startswith("ttt") and result.endswith("bytes: it took longer than 1.5 s]"), result[-200:]
+    calls = [{"id": f"c{n}", "type": "function", "function": {"name": "WebFetch", "arguments": json.dumps(
+        {"url": f"{site}/trickle?{n}", "prompt": "p"})}} for n in range(3)]
+    started = time.monotonic()
+    results = agent.run_batch(calls, {t.name: t for t in agent.TOOLS}, ctx)
+    assert time.monotonic() - started < 1.5 + 2 and all("took longer than 1.5 s" in r for r in results), results
+
+
+def test_web_fetch_reads_a_charset_that_cannot_decode_the_page_as_utf8(ctx, site):
+    assert run(ctx, "WebFetch", url=f"{site}/idna", prompt="p") == "café \ufffd"
+    assert run(ctx, "WebFetch", url=f"{site}/utf-7", prompt="p").startswith("café")
 
 
 def test_web_fetch_reuses_a_page_for_15_minutes_and_says_so(ctx, site):
