@@ -132,6 +132,7 @@ SKILL_LIMIT = 256_000  # bytes of one SKILL.md
 
 RETRY_STATUSES = {408, 429, 500, 502, 503, 504, 524, 529}
 FINAL_STATUSES = {400, 401, 402, 403, 404}
+ACCOUNT_STATUSES = {401, 402}  # the key or the credit failed: no request can succeed, so even a tool's ends the run
 MODEL_FORM = "anthropic/claude-sonnet-4.5"  # what an OpenRouter model name looks like, shown when one is not known
 MODEL_HINT = f"model names look like {MODEL_FORM}; see https://openrouter.ai/models"
 BASE_URL_HINT = f"check OPENROUTER_BASE_URL: OpenRouter's is {DEFAULT_BASE_URL}, ending in /api/v1"
@@ -3163,6 +3164,8 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
             return denial(why)
         result = tool.run(ctx._replace(call_id=str(call.get("id") or "")), **kwargs)
     except Exception as error:  # the one place a tool failure becomes a result
+        if isinstance(error, ApiError) and error.status in ACCOUNT_STATUSES:  # but the key's or the credit's
+            raise
         result = f"Error: {error}"
     return attached(clip(result, tool.limit), result.parts) if isinstance(result, Attached) else clip(str(result),
                                                                                                      tool.limit)
@@ -3227,9 +3230,12 @@ def forked_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> tuple[i
 def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> list[str]:
     """The results of read-only calls run at once: searches in child processes, to-do lists here in order (the last
     one stays), the rest in threads."""
-    results = [""] * len(calls)
+    results, fatal = [""] * len(calls), []
     def run(i: int) -> None:
-        results[i] = run_tool_call(calls[i], tools, ctx)
+        try:
+            results[i] = run_tool_call(calls[i], tools, ctx)
+        except ApiError as error:  # the key or the credit failed: raised once every call has ended
+            fatal.append(error)
     threads = [threading.Thread(target=run, args=(i,), daemon=True)
                for i, call in enumerate(calls) if call["function"]["name"] not in (*SEARCHES, "TodoWrite")]
     children: dict[int, tuple[int, int]] = {}
@@ -3255,6 +3261,8 @@ def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> li
                 results[i] = output[fd].decode("utf-8", errors="replace") or "Error: the search stopped unexpectedly"
         for thread in threads:
             thread.join()
+        if fatal:
+            raise fatal[0]
     finally:
         for fd, (i, pid) in children.items():  # out of time, or the run is stopping
             os.kill(pid, signal.SIGKILL)
@@ -5945,9 +5953,14 @@ class Agent:
                 raise ToolError("the prompt that started this sub-agent was cancelled")
             self.emit({**event, "agent": description or kind, "parent": parent})
         emit({"type": "prompt", "text": prompt})
-        outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
-                            ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
-                            compactor=self.compactor, hooks=self.hooks, stop_event="SubagentStop")
+        try:
+            outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
+                                ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
+                                compactor=self.compactor, hooks=self.hooks, stop_event="SubagentStop")
+        except ApiError as error:  # the parent model decides what to do; only the key or the credit ends the run
+            if error.status in ACCOUNT_STATUSES:
+                raise
+            raise ToolError(f"the sub-agent failed: {error}") from None
         if outcome.subtype != "success":
             raise ToolError(f"the sub-agent stopped ({outcome.subtype}) before it answered")
         return outcome.answer or "(the sub-agent answered nothing)"

@@ -16,12 +16,13 @@ import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
 from app import main as agent
-from tests.fake_openrouter import call, reply, tool_results
+from tests.fake_openrouter import Raw, call, reply, tool_results
 
 TOOLS = {tool.name: tool for tool in agent.TOOLS}
 
@@ -524,6 +525,31 @@ def test_sub_agents_run_side_by_side_with_their_own_conversations(serve, run, wo
     main_lines = [json.loads(line) for line in transcript[1:] if '"sidechain"' not in line]
     assert [m["role"] for m in main_lines if "role" in m] == ["system", "user", "assistant", "tool", "tool", "tool",
                                                               "assistant"]
+
+
+@pytest.mark.parametrize("status, ends", [(400, False), (500, False), (401, True), (402, True)])
+def test_a_sub_agents_api_failure_is_its_agent_calls_result(serve, run, workspace, status, ends):
+    """The sibling finishes and the parent model decides; only the key or the credit (401, 402) ends the run."""
+    def model(body: dict) -> Any:
+        task, last = body["messages"][1]["content"], body["messages"][-1]
+        if task == "main task":
+            if last["role"] == "user":
+                return reply(tool_calls=[call("Agent", {"description": "fails", "prompt": "sub A"}),
+                                         call("Agent", {"description": "works", "prompt": "sub B"})])
+            return reply(" | ".join(tool_results(body)))
+        if task == "sub A":
+            return Raw(status, {"error": {"code": status, "message": f"refused with {status}"}})
+        time.sleep(0.5)  # still at work when its sibling fails
+        return reply("sub B done")
+
+    server = serve(model)
+    result = run(["-p", "main task"], cwd=workspace, base_url=server.url, env={"SOLO_MAX_ATTEMPTS": "2"})
+    if ends:
+        assert result.code == 1 and f"refused with {status}" in result.stderr
+        return
+    assert result.code == 0, result.stderr
+    assert result.stdout.startswith(f"Error: the sub-agent failed: HTTP {status}: refused with {status}")
+    assert result.stdout.rstrip().endswith(" | sub B done")
 
 
 def test_plan_mode_gives_sub_agents_read_only_tools(serve, run, workspace):
