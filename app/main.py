@@ -440,9 +440,9 @@ class Spawner:
         self.lock = threading.Lock()
         self.prepare = prepare or self.die_with_parent
 
-    def die_with_parent(self) -> None:
-        """In a child: be killed when solo ends, even by SIGKILL; leave at once if it already has."""
-        self.lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    def die_with_parent(self, signum: int = signal.SIGKILL) -> None:
+        """In a child: be killed when solo ends, even by SIGKILL (or get `signum`); leave at once if it already has."""
+        self.lib.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
         if os.getppid() != self.parent:
             os._exit(127)
 
@@ -794,22 +794,27 @@ class Confinement:
 
 class ZygoteProgram:
     """The zygote's program, run already confined by a fresh `python -I -S` (small, so its forks are cheap): fork
-    each command asked for on socket `fd`, in a Landlock domain of its own (`ruleset` again, beneath the zygote's);
-    the command says it started (the kernel adds its pid, as solo sees it), the zygote whether it was run (with a
-    pidfd of it), then its wait status when it ends. Whatever else ends is reaped. It runs alone: its source is sent
-    to the new Python after ZYGOTE_IMPORTS, so it uses nothing else of solo."""
+    each command asked for on socket `fd`, in a Landlock domain of its own (`ruleset` again, beneath the zygote's;
+    none when it is -1: the unconfined zygote); the command says it started (the kernel adds its pid, as solo sees
+    it), the zygote whether it was run (with a pidfd of it), then its wait status when it ends. It is the subreaper
+    of all its commands start, reaps whatever ends, and when solo is gone (its socket closes, or SIGTERM, its death
+    signal when unconfined) kills all of it before it leaves. It runs alone: its source is sent to the new Python
+    after ZYGOTE_IMPORTS, so it uses nothing else of solo."""
 
     def __init__(self, fd: int, ruleset: int):
         import ctypes
         self.libc, self.errno, self.ruleset = ctypes.CDLL(None, use_errno=True), ctypes.get_errno, ruleset
         self.libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no command may read this process or take its socket
+        self.libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: what commands leave running is adopted here
         self.asked, (self.wake, woken) = socket.socket(fileno=fd), os.pipe()
         self.channels: dict[int, socket.socket] = {}  # pid: where its wait status goes
         os.set_inheritable(fd, False)
-        os.set_inheritable(ruleset, False)
+        if ruleset >= 0:
+            os.set_inheritable(ruleset, False)
         os.set_blocking(woken, False)
         signal.set_wakeup_fd(woken)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: None)  # solo is gone: seen on the wake-up pipe
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the namespace's init it ignores what commands send it
 
     def serve(self) -> None:
@@ -817,7 +822,8 @@ class ZygoteProgram:
         self.asked.send(b"R")
         while True:
             if self.wake in select.select([self.asked, self.wake], [], [])[0]:
-                os.read(self.wake, 4096)
+                if signal.SIGTERM in os.read(self.wake, 4096):
+                    self.end()
                 self.reap()
             elif asked_for := self.receive():
                 self.start(*asked_for)
@@ -826,7 +832,7 @@ class ZygoteProgram:
         """The next request, its descriptors and its channel; None for one that is no request; exit without solo."""
         head, fds, _, _ = socket.recv_fds(self.asked, 8, 4)
         if not head:
-            os._exit(0)  # solo is gone
+            self.end()  # solo is gone
         try:
             for fd in fds:
                 os.set_inheritable(fd, False)  # the command gets them as 0, 1 and 2 only
@@ -861,9 +867,9 @@ class ZygoteProgram:
         """In the forked child: a domain of its own (no command may signal, trace or read the zygote, its children
         before their exec, or each other), the command's signals, session, descriptors and folder, then the exec."""
         try:
-            if self.libc.syscall(446, self.ruleset, 0):  # landlock_restrict_self
+            if self.ruleset >= 0 and self.libc.syscall(446, self.ruleset, 0):  # landlock_restrict_self
                 raise OSError(self.errno(), "landlock")
-            for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+            for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signum, signal.SIG_DFL)
             self.libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
             if request["session"]:
@@ -877,6 +883,33 @@ class ZygoteProgram:
             os.write(report, (getattr(error, "errno", 0) or 22).to_bytes(4, "little"))  # else EINVAL
         finally:
             os._exit(127)
+
+    def end(self) -> None:
+        """Kill every process started from here and what they left (adopted here), generation by generation (a killed
+        process's children are adopted next), for a few seconds at most; then leave."""
+        me, group = os.getpid(), os.getpgrp()
+        for _ in range(100):
+            children = [pid for pid, ppid in self.parents() if ppid == me]
+            if not children:
+                break
+            for pid in children:
+                with contextlib.suppress(OSError):
+                    if os.getpgid(pid) != group:  # its group too: a forking loop goes at once
+                        os.killpg(os.getpgid(pid), signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+        os._exit(0)
+
+    @staticmethod
+    def parents() -> list[tuple[int, int]]:
+        """(pid, parent pid) of every process in /proc."""
+        found = []
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{name}/stat", "rb") as stat_file:
+                    found.append((int(name), int(stat_file.read().rsplit(b")", 1)[1].split()[1])))
+        return found
 
     def reap(self) -> None:
         """Send each ended command's wait status; reap the rest (what commands left, adopted by this init)."""
@@ -899,8 +932,9 @@ class Forked:
     """A command the zygote started, as much of a Popen as solo uses: pid (as solo sees it), stdout, poll, wait; and a
     pidfd, which names the command even after the zygote reaped it (see signal_command)."""
 
-    def __init__(self, args: list, channel: socket.socket, pid: int, stdout: Any, pidfd: int):
-        self.args, self.channel, self.pid, self.stdout, self.pidfd = args, channel, pid, stdout, pidfd
+    def __init__(self, args: list, channel: socket.socket, pid: int, pipes: dict[str, Any], pidfd: int):
+        self.args, self.channel, self.pid, self.pidfd = args, channel, pid, pidfd
+        self.stdin, self.stdout, self.stderr = (pipes.get(name) for name in ("stdin", "stdout", "stderr"))
         self.returncode, self.lock = None, threading.Lock()
 
     def __del__(self) -> None:
@@ -945,15 +979,24 @@ def signal_command(proc: Any, sig: int) -> bool:
         return not select.select([proc.pidfd], [], [], 0)[0] and signal_group(proc.pid, sig)
 
 
+def class_source(kind: type) -> str:
+    """A top-level class's source, cut from its module's file up to the next line that is not indented (inspect's
+    getsource parses the whole file: half a second)."""
+    text = Path(sys.modules[kind.__module__].__file__ or "").read_text(encoding="utf-8")
+    start = text.index(f"\nclass {kind.__name__}") + 1
+    end = re.compile(r"^\S", re.M).search(text, text.index("\n", start) + 1)
+    return text[start: end.start() if end else len(text)]
+
+
 class Zygote:
-    """Starts a sandbox's commands through the zygote process (see ZygoteProgram), which the spawner starts confined, as
-    the init of namespaces of its own where the kernel gives them, and starts again if it is gone: one fork of a
-    small process per command, where Popen's would be three of solo's."""
+    """Starts commands through the zygote process (see ZygoteProgram), which the spawner starts (a sandbox's: confined,
+    as the init of namespaces of its own where the kernel gives them; the unconfined one with ruleset -1, set to get
+    SIGTERM when solo dies), and starts again if it is gone: one fork of a small process per command, where Popen's
+    would be a fork of solo's large one (three in a sandbox). Everything a command starts dies with solo."""
 
     def __init__(self, spawner: Spawner, prepare: Callable[[], None], ruleset: int):
-        import inspect
         self.spawner, self.prepare, self.ruleset, self.lock = spawner, prepare, ruleset, threading.Lock()
-        self.source = inspect.getsource(ZygoteProgram)  # once: the file may change while solo runs (an upgrade)
+        self.source = class_source(ZygoteProgram)  # once: the file may change while solo runs (an upgrade)
         self.proc: subprocess.Popen | None = None
         self.asked, self.pid = None, 0  # the socket commands are asked for on; the zygote's pid
         self.started: list[Forked] = []
@@ -969,7 +1012,8 @@ class Zygote:
         program = f"{ZYGOTE_IMPORTS}{self.source}\nZygoteProgram({theirs.fileno()}, {self.ruleset}).serve()\n"
         with theirs:
             self.proc = self.spawner.popen([sys.executable, "-I", "-S", "-c", program], self.prepare, cwd="/", env={},
-                                           pass_fds=(theirs.fileno(), self.ruleset), stdin=subprocess.DEVNULL,
+                                           pass_fds=(theirs.fileno(), *[self.ruleset][:self.ruleset >= 0]),
+                                           stdin=subprocess.DEVNULL,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.asked.settimeout(ZYGOTE_WAIT)  # a zygote a command stopped must not hang solo
         ready, self.pid = credited(self.asked)
@@ -978,14 +1022,9 @@ class Zygote:
 
     def popen(self, args: list, *, cwd: Path, env: dict[str, str], stdin: Any = None, stdout: Any = None,
               stderr: Any = None, start_new_session: bool = False) -> Forked:
-        """Start a command as Popen would (stdin/stdout/stderr: DEVNULL, PIPE for stdout, STDOUT for stderr, or an
-        fd); OSError when it cannot run, or when the zygote does not answer (it is ended: a command stopped it)."""
-        null, kept = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC), None
-        if stdout == subprocess.PIPE:
-            read, stdout = os.pipe()
-            kept = open(read, "rb")
-        ends = [null if how in (None, subprocess.DEVNULL) else stdout if how == subprocess.STDOUT else how
-                for how in (stdin, stdout, stderr)]
+        """Start a command as Popen would (stdin/stdout/stderr: DEVNULL, PIPE, STDOUT for stderr, or an fd); OSError
+        when it cannot run, or when the zygote does not answer (it is ended: a command stopped it)."""
+        ends, pipes, made = self.ends(stdin, stdout, stderr)
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         channel.settimeout(ZYGOTE_WAIT)
@@ -1002,25 +1041,53 @@ class Zygote:
                 code = int.from_bytes(said[1:5], "little")
                 raise OSError(code, os.strerror(code), args[0] if os.path.isdir(cwd) else str(cwd))  # as Popen names
             if said != b"X" or pid <= 0 or not pidfds:
-                raise OSError("the sandbox's command starter ended; the next command starts a new one")
+                raise OSError("the command starter ended; the next command starts a new one")
         except BaseException as error:
             for pidfd in pidfds:
                 os.close(pidfd)
             channel.close()
-            if kept:
-                kept.close()
+            for pipe in pipes.values():
+                pipe.close()
             if isinstance(error, TimeoutError) and self.proc:
                 self.proc.kill()  # its init (or itself) dies with it
-                raise OSError(f"the sandbox's command starter did not answer in {ZYGOTE_WAIT} s; it was ended, "
+                raise OSError(f"the command starter did not answer in {ZYGOTE_WAIT} s; it was ended, "
                               "the next command starts a new one") from None
             raise
         finally:
-            for fd in {null, theirs.detach(), *([stdout] if kept else [])}:
+            for fd in {theirs.detach(), *made}:
                 os.close(fd)
         channel.settimeout(None)
         self.started = [forked for forked in self.started if forked.returncode is None]
-        self.started.append(forked := Forked(args, channel, pid, kept, pidfds[0]))
+        self.started.append(forked := Forked(args, channel, pid, pipes, pidfds[0]))
         return forked
+
+    @staticmethod
+    def ends(*streams: Any) -> tuple[list[int], dict[str, Any], list[int]]:
+        """The command's stdin, stdout and stderr as descriptors to send; our ends of its pipes (files, by stream
+        name); the descriptors made here, closed once sent."""
+        made, pipes, ends = [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)], {}, []
+        for name, how in zip(("stdin", "stdout", "stderr"), streams):
+            if how == subprocess.PIPE:
+                read, write = os.pipe()
+                pipes[name] = open(write, "wb") if name == "stdin" else open(read, "rb")
+                made.append(read if name == "stdin" else write)
+                ends.append(made[-1])
+            else:
+                ends.append(made[0] if how in (None, subprocess.DEVNULL) else ends[1] if how == subprocess.STDOUT
+                            else how)
+        return ends, pipes, made
+
+    def stop(self) -> None:
+        """End the zygote and so everything started from it (it kills all of it when its socket closes)."""
+        with self.lock:
+            if self.asked:
+                self.asked.close()
+            proc, self.proc, self.asked = self.proc, None, None
+        if proc:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+            proc.kill()
+            proc.wait()
 
     def leftovers(self) -> list[tuple[int, str]]:
         """What commands left running in the zygote's namespace: its children that are no command it started."""
@@ -1039,6 +1106,12 @@ class Zygote:
             except OSError:
                 if attempt:
                     raise
+
+
+def unconfined_zygote(spawner: Spawner) -> Zygote:
+    """The zygote of commands outside any sandbox (hooks, and commands with --sandbox off): no Landlock, solo's own
+    namespaces, and SIGTERM at solo's death, so that it can kill everything its commands started before it goes."""
+    return Zygote(spawner, functools.partial(spawner.die_with_parent, signal.SIGTERM), -1)
 
 
 def exit_code(status: int) -> int:
@@ -1471,6 +1544,7 @@ class ToolContext(NamedTuple):
     emit: Callable[[dict], None] | None = None  # shows an event to the user (the to-do list)
     todos: list | None = None  # the conversation's to-do list, replaced in place by TodoWrite
     shells: Shells | None = None  # the run's background shells
+    zygote: Zygote | None = None  # starts unconfined commands, so that all they start dies with solo; None: spawner
     delegate: Callable[..., str] | None = None  # runs a sub-agent (type, description, prompt, call id); None in one
     side: Callable[..., dict] | None = None  # a request beside the conversation (messages, body fields): its reply
     blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
@@ -1797,8 +1871,9 @@ def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, 
 
 
 def starter(ctx: ToolContext) -> Callable[..., subprocess.Popen]:
-    """How the context starts processes: confined in a sandbox, else set to die with solo, else plainly."""
-    spawner = (ctx.sandbox.zygote or ctx.sandbox.spawner) if ctx.sandbox else ctx.spawner
+    """How the context starts processes: confined in a sandbox, else by the unconfined zygote (what they start dies
+    with solo too), else set to die with solo, else plainly."""
+    spawner = (ctx.sandbox.zygote or ctx.sandbox.spawner) if ctx.sandbox else ctx.zygote or ctx.spawner
     return spawner.popen if spawner else subprocess.Popen
 
 
@@ -4267,7 +4342,7 @@ def run_hook_command(command: str, data: dict, *, cwd: Path, env: dict[str, str]
     finally:
         if proc:
             if code is None:
-                signal_group(proc.pid, signal.SIGKILL)
+                signal_command(proc, signal.SIGKILL)
                 proc.wait()
             proc.stdout.close()
             proc.stderr.close()
@@ -4281,19 +4356,6 @@ def feed(stream: Any, data: bytes) -> None:
         stream.write(data)
     with contextlib.suppress(OSError):
         stream.close()
-
-
-SETPRIV = ("/usr/bin/setpriv", "/bin/setpriv")  # util-linux: sets the death signal, then runs the command
-
-
-def hook_starter(spawner: Spawner) -> Callable[..., subprocess.Popen]:
-    """How hooks start, set to die with solo even when it is killed: through setpriv --pdeathsig where it exists
-    (a plain spawn, which costs a large process a millisecond where the spawner's fork with a step in the child
-    costs several), else by the spawner."""
-    setpriv = next((path for path in SETPRIV if os.access(path, os.X_OK)), None)
-    if setpriv is None:
-        return spawner.popen
-    return lambda args, **kwargs: subprocess.Popen([setpriv, "--pdeathsig", "KILL", *args], **kwargs)
 
 
 class Hooks:
@@ -5814,14 +5876,15 @@ class Agent:
         self.commands = discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))  # .claude/commands
         sandbox = self.confine()
         self.spawner = sandbox.spawner if sandbox else Spawner()
+        self.zygote = unconfined_zygote(Spawner() if sandbox else self.spawner)  # started on first use
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
-        start = hook_starter(Spawner() if sandbox else self.spawner) if hooks else subprocess.Popen  # unconfined: hooks
-        self.hooks = Hooks(hooks, cwd=cfg.cwd, env=given, emit=emit, common=self.hook_fields, start=start)  # are yours
+        start = self.zygote.popen if hooks else subprocess.Popen  # unconfined: hooks are yours
+        self.hooks = Hooks(hooks, cwd=cfg.cwd, env=given, emit=emit, common=self.hook_fields, start=start)
         self.compactor.hook = self.compacting if hooks else None
         tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
-                               delegate=self.delegate, side=self.side, blind=self.blind, pages={})
+                               delegate=self.delegate, side=self.side, blind=self.blind, pages={}, zygote=self.zygote)
         self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner,  # confined too
                                  relay)  # SDK mode: in-process servers of the SDK
         for server in self.servers:
@@ -5864,6 +5927,10 @@ class Agent:
         for server in self.servers:
             server.stop()
         self.shells.close()
+        for zygote in (getattr(self, "zygote", None), self.ctx.sandbox.zygote if getattr(self, "ctx", None) and
+                       self.ctx.sandbox else None):
+            if zygote:
+                zygote.stop()  # it kills what commands left running, wherever they went
         end_orphans()
         if self.guard and (undone := self.guard.undo()):
             self.notice(undone_note(undone))
@@ -7700,7 +7767,8 @@ class Session:
         session), or s (and save them in .claude/settings.local.json: for commands and MCP tools); "n" for Ctrl-D."""
         what = describe_call(self.agent.cfg.cwd, tool, args, self.display.fancy)
         zygote = self.agent.ctx.sandbox.zygote if self.agent.ctx.sandbox else None
-        if running := orphans(self.agent.spawner.pids) + (zygote.leftovers() if zygote else []):  # could type here
+        if running := orphans(self.agent.spawner.pids) + (zygote.leftovers() if zygote else []) + \
+                self.agent.zygote.leftovers():  # could type here
             self.reporter.say("still running from earlier commands:\n" + "\n".join(
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
         if tool in EDITORS:

@@ -239,9 +239,11 @@ def long_session(workspace: Path, turns: int = 400, window: int = 20_000) -> dic
 
 def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[float, float] | None:
     """Median seconds of a trivial Bash call through tool_bash, unconfined and confined (each started by its
-    spawner, as the agent does), interleaved; None when this kernel has no Landlock."""
+    zygote, as the agent does), interleaved; None when this kernel has no Landlock."""
     from app import main as agent
-    plain = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)), spawner=agent.Spawner())
+    spawner = agent.Spawner()
+    plain = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)), spawner=spawner,
+                              zygote=agent.unconfined_zygote(spawner))
     roots = (workspace.resolve(), Path(tempfile.gettempdir()).resolve())
     try:
         sandbox, _ = agent.make_sandbox("workspace-write", roots, False)
@@ -258,6 +260,7 @@ def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[fl
                 times[name].append(time.perf_counter() - started)
             assert result == "(no output)\n[exit code 0]", result
     finally:
+        plain.zygote.stop()
         sandbox.spawner.shutdown()
     return statistics.median(times["plain"]), statistics.median(times["confined"])
 
