@@ -3429,7 +3429,7 @@ class McpServer:
     server that stops reading and an answer that never ends included, keeps to its deadline."""
 
     def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
-                 spawner: Spawner | None = None, relay: Callable[[str, dict, float], dict] | None = None):
+                 spawner: Spawner | Zygote | None = None, relay: Callable[[str, dict, float], dict] | None = None):
         self.name, self.spec, self.cwd, self.env, self.emit, self.spawner = name, spec, cwd, env, emit, spawner
         self.relay = relay if spec.get("type") == "sdk" else None  # SDK mode: the SDK's in-process server
         self.state, self.error, self.tools, self.proc, self.closed = "starting", "", [], None, False
@@ -3629,10 +3629,10 @@ class McpServer:
         if proc:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
-            signal_group(proc.pid, signal.SIGTERM)
+            signal_command(proc, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(1)
-            signal_group(proc.pid, signal.SIGKILL)  # what is left of the group: a child that ignored SIGTERM
+            signal_command(proc, signal.SIGKILL)  # what is left of the group: a child that ignored SIGTERM
             proc.wait()
 
 
@@ -3664,7 +3664,7 @@ def offline(cfg: Config, spec: dict) -> bool:
 
 
 def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], emit: Callable[[dict], None],
-              spawner: Spawner | None, relay: Callable[[str, dict, float], dict] | None = None) -> list[McpServer]:
+              spawner: Spawner | Zygote | None, relay: Callable[[str, dict, float], dict] | None = None) -> list[McpServer]:
     """These servers, started at once; a server that fails gives one warning and is left out, and so does an
     HTTP server off this machine when the sandbox's network is off (before any connection)."""
     for name, spec in specs:
@@ -5885,8 +5885,8 @@ class Agent:
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
                                delegate=self.delegate, side=self.side, blind=self.blind, pages={}, zygote=self.zygote)
-        self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner,  # confined too
-                                 relay)  # SDK mode: in-process servers of the SDK
+        self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, sandbox.spawner if sandbox else
+                                 self.zygote, relay)  # confined too; relay: SDK mode's in-process servers
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
                 # every server started is the user's own (--mcp-config) or one they approved: its hints are trusted

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -322,8 +323,8 @@ def test_a_running_command_and_a_confined_background_job_die_with_a_killed_agent
 
 
 def test_what_shells_hooks_and_sub_agents_commands_start_dies_with_a_killed_agent(serve, workspace, tmp_path):
-    """kill -9 of solo ends the children of a background shell (in its group and out of it), of a hook, and of a
-    sub-agent's command, all unconfined: nothing with a marker is left 2 s later."""
+    """kill -9 of solo ends the children of a background shell (in its group and out of it), of a hook, of a
+    sub-agent's command and of an MCP server, all unconfined: nothing with a marker is left 2 s later."""
     marker = f"solo-killed-{os.getpid()}"
     left = lambda name: f"{lingering(f'{marker}-{name}')} > /dev/null 2>&1"
     shell = f"{left('grouped')} & setsid {left('session')} & {lingering(marker + '-shell')}"
@@ -346,9 +347,12 @@ def test_what_shells_hooks_and_sub_agents_commands_start_dies_with_a_killed_agen
     (tmp_path / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"PreToolUse": [{"hooks": [hook]}]}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
     env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="k", HOME=str(tmp_path))
-    proc = subprocess.Popen([str(PROGRAM), "-p", "go", "--permission-mode", "bypassPermissions"], cwd=workspace,
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    names = ("grouped", "session", "shell", "sub", "hook")
+    server_file = Path(__file__).resolve().with_name("mcp_server.py")
+    mcp = {"command": "sh", "args": ["-c", f"setsid {left('mcp')} & exec {sys.executable} {server_file}"]}
+    proc = subprocess.Popen([str(PROGRAM), "-p", "go", "--permission-mode", "bypassPermissions", "--mcp-config",
+                             json.dumps({"mcpServers": {"s": mcp}})], cwd=workspace, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    names = ("grouped", "session", "shell", "sub", "hook", "mcp")
     try:
         assert asked.wait(30)
         deadline = time.monotonic() + 10
