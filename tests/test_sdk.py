@@ -429,6 +429,17 @@ def test_bad_stdin_lines_each_fail_alone_and_the_run_goes_on(serve, run, workspa
     assert result.stderr.count("skipped a line of stdin") == 1
 
 
+def test_piped_stdin_with_a_bad_byte_is_read_whatever_pythonioencoding_says(serve, run, workspace, tmp_path):
+    """-p reads piped stdin as bytes too: the byte is replaced, the run goes on."""
+    server = serve(lambda body: reply("ok"))
+    (tmp_path / "stdin").write_bytes(b"caf\xff context\n")
+    with open(tmp_path / "stdin", "rb") as stdin:
+        result = run(["-p", "summarize"], cwd=workspace, base_url=server.url, env={"PYTHONIOENCODING": "utf-8"},
+                     stdin=stdin)
+    assert (result.code, result.stdout) == (0, "ok\n"), result.stderr
+    assert "caf\ufffd context" in json.dumps(server.bodies[0]["messages"], ensure_ascii=False)
+
+
 def test_the_reader_ends_the_queue_whatever_ends_it():
     class Broken(io.StringIO):
         def readline(self, *args):
