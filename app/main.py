@@ -1057,8 +1057,9 @@ class Zygote:
             for fd in {theirs.detach(), *made}:
                 os.close(fd)
         channel.settimeout(None)
-        self.started = [forked for forked in self.started if forked.returncode is None]
-        self.started.append(forked := Forked(args, channel, pid, pipes, pidfds[0]))
+        forked = Forked(args, channel, pid, pipes, pidfds[0])
+        with self.lock:  # commands start from several threads (parallel calls, sub-agents, hooks)
+            self.started = [*(one for one in self.started if one.returncode is None), forked]
         return forked
 
     @staticmethod
