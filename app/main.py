@@ -13,7 +13,7 @@ to stderr.
 Sections, in the order data flows:
     Constants, Errors, Bounded output   defaults, exit codes, the few exceptions, head-and-tail buffers
     Processes and signals               the spawner every child starts from, orphans, stop signals
-    Sandbox, Files in a sandbox         confinement between fork and exec, the zygote; race-free writes, guards
+    Sandbox, Files in a sandbox         confinement between fork and exec, the zygotes; race-free writes, guards
     Tools                               Read, Write, Edit, Bash, Glob, Grep
     Skills, Custom commands             .claude/skills and .claude/commands, @mentions
     Images and notebooks, Background shells, Web, Sub-agents and the to-do list    the other tools
@@ -3665,7 +3665,8 @@ def offline(cfg: Config, spec: dict) -> bool:
 
 
 def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], emit: Callable[[dict], None],
-              spawner: Spawner | Zygote | None, relay: Callable[[str, dict, float], dict] | None = None) -> list[McpServer]:
+              spawner: Spawner | Zygote | None,
+              relay: Callable[[str, dict, float], dict] | None = None) -> list[McpServer]:
     """These servers, started at once; a server that fails gives one warning and is left out, and so does an
     HTTP server off this machine when the sandbox's network is off (before any connection)."""
     for name, spec in specs:

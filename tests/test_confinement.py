@@ -298,8 +298,8 @@ def test_what_commands_left_running_ends_when_the_agent_is_stopped(serve, worksp
 @pytest.mark.parametrize("flags", [[], ["--sandbox", "workspace-write"]])
 def test_a_running_command_and_a_confined_background_job_die_with_a_killed_agent(serve, workspace, tmp_path,
                                                                                    private_tmp, flags):
-    """SIGKILL leaves solo no time: what it started itself dies with it, and so does a command's leftover job (a confined
-    one's in the namespace, whose init dies with solo; an unconfined one's with the zygote, which kills it)."""
+    """SIGKILL leaves solo no time: what it started itself dies with it, and so does a command's leftover job (a
+    confined one's in the namespace, whose init dies with solo; an unconfined one's with the zygote, which kills it)."""
     marker = f"solo-orphan-{os.getpid()}-{len(flags)}"
     steps = [[call("Bash", {"command": f"{lingering(marker + '-left')} > /dev/null 2>&1 &"}, id="a")],
              [call("Bash", {"command": lingering(marker + "-running")}, id="b")]]

@@ -411,14 +411,16 @@ def test_bad_stdin_lines_each_fail_alone_and_the_run_goes_on(serve, run, workspa
     prompt = lambda text: json.dumps({"type": "user", "message": {"role": "user", "content": text}}).encode() + b"\n"
     lines = [b"[" * 100_000 + b"]" * 100_000 + b"\n", b'{"type": "user", "message": "a string"}\n',
              b'{"type": "user", "message": ["a", "list"]}\n', prompt("caf\u00e9").replace(b"\\u00e9", b"\xff"),
-             b'{"type": "control_request", "request_id": "m1", "request": {"subtype": "set_model", "model": {"a": 1}}}\n',
+             b'{"type": "control_request", "request_id": "m1", "request": {"subtype": "set_model", '
+             b'"model": {"a": 1}}}\n',
              prompt("last")]
     (tmp_path / "stdin").write_bytes(b"".join(lines))
     with open(tmp_path / "stdin", "rb") as stdin:
         result = run(["--output-format", "stream-json", "--verbose", "--input-format", "stream-json"], cwd=workspace,
                      base_url=server.url, env={"PYTHONIOENCODING": "utf-8"}, stdin=stdin, timeout=60)
     events = [json.loads(line) for line in result.stdout.splitlines()]
-    results = [(e["is_error"], e.get("result") or "".join(e.get("errors") or [])) for e in events if e["type"] == "result"]
+    results = [(e["is_error"], e.get("result") or "".join(e.get("errors") or []))
+               for e in events if e["type"] == "result"]
     assert result.code == 0, result.stderr
     assert [is_error for is_error, _ in results] == [True, True, False, False], results
     assert "not an object" in results[0][1] and "not an object" in results[1][1]

@@ -358,7 +358,8 @@ def test_a_hook_printing_json_nested_too_deeply_fails_open_with_a_warning(worksp
     deep.write_text('{"a":' * 10_000 + "1" + "}" * 10_000)
     outcome = hooked(workspace, pre(f"cat {deep}"), [call("Bash", {"command": "touch made"})], events=events)
     assert outcome.answer == "(no output)\n[exit code 0]" and (workspace / "made").exists()
-    assert any("PreToolUse hook" in e["text"] and "not valid JSON" in e["text"] for e in events if e["type"] == "notice")
+    assert any("PreToolUse hook" in e["text"] and "not valid JSON" in e["text"]
+               for e in events if e["type"] == "notice")
 
 
 def test_a_hook_rewrites_the_input_and_its_allow_does_not_beat_a_deny_rule(workspace):
