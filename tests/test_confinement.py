@@ -480,6 +480,24 @@ def test_a_command_cannot_stop_the_zygote_where_there_are_no_namespaces(unshared
     assert not stopped and "timed out after 1000 ms" in result.get("out", ""), result
 
 
+def test_what_a_command_left_dies_with_solo_where_there_are_no_namespaces(unshared):
+    """Without a namespace whose init takes everything down, the zygote, the subreaper of what commands leave, kills
+    it all itself once solo is gone (its socket closes, as when solo is killed)."""
+    marker = f"solo-unshared-{os.getpid()}"
+    try:
+        assert agent.tool_bash(unshared, f"setsid {lingering(marker)} > /dev/null 2>&1 < /dev/null &").endswith(
+            "[exit code 0]")
+        deadline = time.monotonic() + 10
+        while not pids_with(marker):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        unshared.sandbox.zygote.asked.close()
+        assert wait_until_gone(marker, 2) == []
+    finally:
+        for pid in pids_with(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_command_cannot_signal_or_read_another_commands_processes(confined):
     """Commands share the zygote's namespace, not its Landlock domain: what one left running is out of another's
     reach (as when each command had namespaces of its own)."""
