@@ -13,7 +13,7 @@ to stderr.
 Sections, in the order data flows:
     Constants, Errors, Bounded output   defaults, exit codes, the few exceptions, head-and-tail buffers
     Processes and signals               the spawner every child starts from, orphans, stop signals
-    Sandbox, Files in a sandbox         confinement between fork and exec, the zygote; race-free writes, what is
+    Sandbox, Files in a sandbox         confinement between fork and exec, the zygotes; race-free writes, what is
                                         read-only to commands (git, .mcp.json, .claude) and the guard
     Tools                               Read, Write, Edit, Bash, Glob, Grep
     Skills, Custom commands             .claude/skills and .claude/commands, @mentions
@@ -138,6 +138,7 @@ SKILL_LIMIT = 256_000  # bytes of one SKILL.md
 
 RETRY_STATUSES = {408, 429, 500, 502, 503, 504, 524, 529}
 FINAL_STATUSES = {400, 401, 402, 403, 404}
+ACCOUNT_STATUSES = {401, 402}  # the key or the credit failed: no request can succeed, so even a tool's ends the run
 MODEL_FORM = "anthropic/claude-sonnet-4.5"  # what an OpenRouter model name looks like, shown when one is not known
 MODEL_HINT = f"model names look like {MODEL_FORM}; see https://openrouter.ai/models"
 BASE_URL_HINT = f"check OPENROUTER_BASE_URL: OpenRouter's is {DEFAULT_BASE_URL}, ending in /api/v1"
@@ -446,9 +447,9 @@ class Spawner:
         self.lock = threading.Lock()
         self.prepare = prepare or self.die_with_parent
 
-    def die_with_parent(self) -> None:
-        """In a child: be killed when solo ends, even by SIGKILL; leave at once if it already has."""
-        self.lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    def die_with_parent(self, signum: int = signal.SIGKILL) -> None:
+        """In a child: be killed when solo ends, even by SIGKILL (or get `signum`); leave at once if it already has."""
+        self.lib.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
         if os.getppid() != self.parent:
             os._exit(127)
 
@@ -836,22 +837,27 @@ class Confinement:
 
 class ZygoteProgram:
     """The zygote's program, run already confined by a fresh `python -I -S` (small, so its forks are cheap): fork
-    each command asked for on socket `fd`, in a Landlock domain of its own (`ruleset` again, beneath the zygote's);
-    the command says it started (the kernel adds its pid, as solo sees it), the zygote whether it was run (with a
-    pidfd of it), then its wait status when it ends. Whatever else ends is reaped. It runs alone: its source is sent
-    to the new Python after ZYGOTE_IMPORTS, so it uses nothing else of solo."""
+    each command asked for on socket `fd`, in a Landlock domain of its own (`ruleset` again, beneath the zygote's;
+    none when it is -1: the unconfined zygote); the command says it started (the kernel adds its pid, as solo sees
+    it), the zygote whether it was run (with a pidfd of it), then its wait status when it ends. It is the subreaper
+    of all its commands start, reaps whatever ends, and when solo is gone (its socket closes, or SIGTERM, its death
+    signal when unconfined) kills all of it before it leaves. It runs alone: its source is sent to the new Python
+    after ZYGOTE_IMPORTS, so it uses nothing else of solo."""
 
     def __init__(self, fd: int, ruleset: int):
         import ctypes
         self.libc, self.errno, self.ruleset = ctypes.CDLL(None, use_errno=True), ctypes.get_errno, ruleset
         self.libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no command may read this process or take its socket
+        self.libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: what commands leave running is adopted here
         self.asked, (self.wake, woken) = socket.socket(fileno=fd), os.pipe()
         self.channels: dict[int, socket.socket] = {}  # pid: where its wait status goes
         os.set_inheritable(fd, False)
-        os.set_inheritable(ruleset, False)
+        if ruleset >= 0:
+            os.set_inheritable(ruleset, False)
         os.set_blocking(woken, False)
         signal.set_wakeup_fd(woken)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: None)  # solo is gone: seen on the wake-up pipe
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the namespace's init it ignores what commands send it
 
     def serve(self) -> None:
@@ -859,7 +865,8 @@ class ZygoteProgram:
         self.asked.send(b"R")
         while True:
             if self.wake in select.select([self.asked, self.wake], [], [])[0]:
-                os.read(self.wake, 4096)
+                if signal.SIGTERM in os.read(self.wake, 4096):
+                    self.end()
                 self.reap()
             elif asked_for := self.receive():
                 self.start(*asked_for)
@@ -868,7 +875,7 @@ class ZygoteProgram:
         """The next request, its descriptors and its channel; None for one that is no request; exit without solo."""
         head, fds, _, _ = socket.recv_fds(self.asked, 8, 4)
         if not head:
-            os._exit(0)  # solo is gone
+            self.end()  # solo is gone
         try:
             for fd in fds:
                 os.set_inheritable(fd, False)  # the command gets them as 0, 1 and 2 only
@@ -903,9 +910,9 @@ class ZygoteProgram:
         """In the forked child: a domain of its own (no command may signal, trace or read the zygote, its children
         before their exec, or each other), the command's signals, session, descriptors and folder, then the exec."""
         try:
-            if self.libc.syscall(446, self.ruleset, 0):  # landlock_restrict_self
+            if self.ruleset >= 0 and self.libc.syscall(446, self.ruleset, 0):  # landlock_restrict_self
                 raise OSError(self.errno(), "landlock")
-            for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+            for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signum, signal.SIG_DFL)
             self.libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
             if request["session"]:
@@ -919,6 +926,33 @@ class ZygoteProgram:
             os.write(report, (getattr(error, "errno", 0) or 22).to_bytes(4, "little"))  # else EINVAL
         finally:
             os._exit(127)
+
+    def end(self) -> None:
+        """Kill every process started from here and what they left (adopted here), generation by generation (a killed
+        process's children are adopted next), for a few seconds at most; then leave."""
+        me, group = os.getpid(), os.getpgrp()
+        for _ in range(100):
+            children = [pid for pid, ppid in self.parents() if ppid == me]
+            if not children:
+                break
+            for pid in children:
+                with contextlib.suppress(OSError):
+                    if os.getpgid(pid) != group:  # its group too: a forking loop goes at once
+                        os.killpg(os.getpgid(pid), signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+        os._exit(0)
+
+    @staticmethod
+    def parents() -> list[tuple[int, int]]:
+        """(pid, parent pid) of every process in /proc."""
+        found = []
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{name}/stat", "rb") as stat_file:
+                    found.append((int(name), int(stat_file.read().rsplit(b")", 1)[1].split()[1])))
+        return found
 
     def reap(self) -> None:
         """Send each ended command's wait status; reap the rest (what commands left, adopted by this init)."""
@@ -937,29 +971,13 @@ def credited(sock: socket.socket, size: int = 8) -> tuple[bytes, int]:
     return data, pids[0] if pids else 0
 
 
-def child_ends(null: int, hows: tuple) -> tuple[list[int], list[Any]]:
-    """The descriptors a command gets as 0, 1 and 2 for Popen's stdin, stdout and stderr arguments (None or DEVNULL,
-    PIPE, STDOUT for stderr, or a descriptor), and the files solo keeps of each pipe (None where there is none)."""
-    ends, kept = [], []
-    for i, how in enumerate(hows):
-        if how == subprocess.PIPE:
-            read, write = os.pipe()
-            ends.append(read if i == 0 else write)
-            kept.append(open(write, "wb") if i == 0 else open(read, "rb"))
-        else:
-            ends.append(null if how in (None, subprocess.DEVNULL) else ends[1] if how == subprocess.STDOUT else how)
-            kept.append(None)
-    return ends, kept
-
-
 class Forked:
     """A command the zygote started, as much of a Popen as solo uses: pid (as solo sees it), stdout, poll, wait; and a
     pidfd, which names the command even after the zygote reaped it (see signal_command)."""
 
-    def __init__(self, args: list, channel: socket.socket, pid: int, stdout: Any, pidfd: int, stdin: Any = None,
-                 stderr: Any = None):
-        self.args, self.channel, self.pid, self.stdout, self.pidfd = args, channel, pid, stdout, pidfd
-        self.stdin, self.stderr = stdin, stderr
+    def __init__(self, args: list, channel: socket.socket, pid: int, pipes: dict[str, Any], pidfd: int):
+        self.args, self.channel, self.pid, self.pidfd = args, channel, pid, pidfd
+        self.stdin, self.stdout, self.stderr = (pipes.get(name) for name in ("stdin", "stdout", "stderr"))
         self.returncode, self.lock = None, threading.Lock()
 
     def __del__(self) -> None:
@@ -1004,15 +1022,24 @@ def signal_command(proc: Any, sig: int) -> bool:
         return not select.select([proc.pidfd], [], [], 0)[0] and signal_group(proc.pid, sig)
 
 
+def class_source(kind: type) -> str:
+    """A top-level class's source, cut from its module's file up to the next line that is not indented (inspect's
+    getsource parses the whole file: half a second)."""
+    text = Path(sys.modules[kind.__module__].__file__ or "").read_text(encoding="utf-8")
+    start = text.index(f"\nclass {kind.__name__}") + 1
+    end = re.compile(r"^\S", re.M).search(text, text.index("\n", start) + 1)
+    return text[start: end.start() if end else len(text)]
+
+
 class Zygote:
-    """Starts a sandbox's commands through the zygote process (see ZygoteProgram), which the spawner starts confined, as
-    the init of namespaces of its own where the kernel gives them, and starts again if it is gone: one fork of a
-    small process per command, where Popen's would be three of solo's."""
+    """Starts commands through the zygote process (see ZygoteProgram), which the spawner starts (a sandbox's: confined,
+    as the init of namespaces of its own where the kernel gives them; the unconfined one with ruleset -1, set to get
+    SIGTERM when solo dies), and starts again if it is gone: one fork of a small process per command, where Popen's
+    would be a fork of solo's large one (three in a sandbox). Everything a command starts dies with solo."""
 
     def __init__(self, spawner: Spawner, prepare: Callable[[], None], ruleset: int):
-        import inspect
         self.spawner, self.prepare, self.ruleset, self.lock = spawner, prepare, ruleset, threading.Lock()
-        self.source = inspect.getsource(ZygoteProgram)  # once: the file may change while solo runs (an upgrade)
+        self.source = class_source(ZygoteProgram)  # once: the file may change while solo runs (an upgrade)
         self.proc: subprocess.Popen | None = None
         self.asked, self.pid = None, 0  # the socket commands are asked for on; the zygote's pid
         self.started: list[Forked] = []
@@ -1028,7 +1055,8 @@ class Zygote:
         program = f"{ZYGOTE_IMPORTS}{self.source}\nZygoteProgram({theirs.fileno()}, {self.ruleset}).serve()\n"
         with theirs:
             self.proc = self.spawner.popen([sys.executable, "-I", "-S", "-c", program], self.prepare, cwd="/", env={},
-                                           pass_fds=(theirs.fileno(), self.ruleset), stdin=subprocess.DEVNULL,
+                                           pass_fds=(theirs.fileno(), *[self.ruleset][:self.ruleset >= 0]),
+                                           stdin=subprocess.DEVNULL,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.asked.settimeout(ZYGOTE_WAIT)  # a zygote a command stopped must not hang solo
         ready, self.pid = credited(self.asked)
@@ -1039,8 +1067,7 @@ class Zygote:
               stderr: Any = None, start_new_session: bool = False) -> Forked:
         """Start a command as Popen would (stdin/stdout/stderr: DEVNULL, PIPE, STDOUT for stderr, or an fd); OSError
         when it cannot run, or when the zygote does not answer (it is ended: a command stopped it)."""
-        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        ends, kept = child_ends(null, (stdin, stdout, stderr))
+        ends, pipes, made = self.ends(stdin, stdout, stderr)
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         channel.settimeout(ZYGOTE_WAIT)
@@ -1057,26 +1084,54 @@ class Zygote:
                 code = int.from_bytes(said[1:5], "little")
                 raise OSError(code, os.strerror(code), args[0] if os.path.isdir(cwd) else str(cwd))  # as Popen names
             if said != b"X" or pid <= 0 or not pidfds:
-                raise OSError("the sandbox's command starter ended; the next command starts a new one")
+                raise OSError("the command starter ended; the next command starts a new one")
         except BaseException as error:
             for pidfd in pidfds:
                 os.close(pidfd)
             channel.close()
-            for file in filter(None, kept):
-                file.close()
+            for pipe in pipes.values():
+                pipe.close()
             if isinstance(error, TimeoutError) and self.proc:
                 self.proc.kill()  # its init (or itself) dies with it
-                raise OSError(f"the sandbox's command starter did not answer in {ZYGOTE_WAIT} s; it was ended, "
+                raise OSError(f"the command starter did not answer in {ZYGOTE_WAIT} s; it was ended, "
                               "the next command starts a new one") from None
             raise
         finally:
-            for fd in {null, theirs.detach(), *(end for end, file in zip(ends, kept) if file)}:
+            for fd in {theirs.detach(), *made}:
                 os.close(fd)
         channel.settimeout(None)
-        with self.lock:  # hooks start from several threads at once
-            self.started = [forked for forked in self.started if forked.returncode is None]
-            self.started.append(forked := Forked(args, channel, pid, kept[1], pidfds[0], kept[0], kept[2]))
+        forked = Forked(args, channel, pid, pipes, pidfds[0])
+        with self.lock:  # commands start from several threads (parallel calls, sub-agents, hooks)
+            self.started = [*(one for one in self.started if one.returncode is None), forked]
         return forked
+
+    @staticmethod
+    def ends(*streams: Any) -> tuple[list[int], dict[str, Any], list[int]]:
+        """The command's stdin, stdout and stderr as descriptors to send; our ends of its pipes (files, by stream
+        name); the descriptors made here, closed once sent."""
+        made, pipes, ends = [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)], {}, []
+        for name, how in zip(("stdin", "stdout", "stderr"), streams):
+            if how == subprocess.PIPE:
+                read, write = os.pipe()
+                pipes[name] = open(write, "wb") if name == "stdin" else open(read, "rb")
+                made.append(read if name == "stdin" else write)
+                ends.append(made[-1])
+            else:
+                ends.append(made[0] if how in (None, subprocess.DEVNULL) else ends[1] if how == subprocess.STDOUT
+                            else how)
+        return ends, pipes, made
+
+    def stop(self) -> None:
+        """End the zygote and so everything started from it (it kills all of it when its socket closes)."""
+        with self.lock:
+            if self.asked:
+                self.asked.close()
+            proc, self.proc, self.asked = self.proc, None, None
+        if proc:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+            proc.kill()
+            proc.wait()
 
     def leftovers(self) -> list[tuple[int, str]]:
         """What commands left running in the zygote's namespace: its children that are no command it started."""
@@ -1095,6 +1150,12 @@ class Zygote:
             except OSError:
                 if attempt:
                     raise
+
+
+def unconfined_zygote(spawner: Spawner) -> Zygote:
+    """The zygote of commands outside any sandbox (hooks, and commands with --sandbox off): no Landlock, solo's own
+    namespaces, and SIGTERM at solo's death, so that it can kill everything its commands started before it goes."""
+    return Zygote(spawner, functools.partial(spawner.die_with_parent, signal.SIGTERM), -1)
 
 
 def exit_code(status: int) -> int:
@@ -1757,6 +1818,7 @@ class ToolContext(NamedTuple):
     emit: Callable[[dict], None] | None = None  # shows an event to the user (the to-do list)
     todos: list | None = None  # the conversation's to-do list, replaced in place by TodoWrite
     shells: Shells | None = None  # the run's background shells
+    zygote: Zygote | None = None  # starts unconfined commands, so that all they start dies with solo; None: spawner
     delegate: Callable[..., str] | None = None  # runs a sub-agent (type, description, prompt, call id); None in one
     side: Callable[..., dict] | None = None  # a request beside the conversation (messages, body fields): its reply
     blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
@@ -2084,8 +2146,9 @@ def command_env(env: dict[str, str], passed: tuple[str, ...] = ()) -> dict[str, 
 
 
 def starter(ctx: ToolContext) -> Callable[..., subprocess.Popen]:
-    """How the context starts processes: confined in a sandbox, else set to die with solo, else plainly."""
-    spawner = (ctx.sandbox.zygote or ctx.sandbox.spawner) if ctx.sandbox else ctx.spawner
+    """How the context starts processes: confined in a sandbox, else by the unconfined zygote (what they start dies
+    with solo too), else set to die with solo, else plainly."""
+    spawner = (ctx.sandbox.zygote or ctx.sandbox.spawner) if ctx.sandbox else ctx.zygote or ctx.spawner
     return spawner.popen if spawner else subprocess.Popen
 
 
@@ -2980,52 +3043,101 @@ def web_url(ctx: ToolContext, url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(scheme="https")) if not on_loopback(url) else url.strip()
 
 
+class PageFetch:
+    """One page's download in a thread of its own, so that a WebFetch ends by its deadline whatever the server's pacing:
+    the body is read in pieces as they arrive; at the deadline the caller takes what came and the thread stops at its
+    next piece (or when the server's silence times out)."""
+
+    def __init__(self, url: str):
+        self.url, self.data, self.kind, self.note = url, bytearray(), None, ""  # kind: the final Content-Type
+        self.error: ToolError | None = None
+        self.lock, self.done, self.stopped = threading.Lock(), threading.Event(), False
+
+    def run(self) -> None:
+        """Fetch the page; whatever happens, say it is done."""
+        try:
+            self.follow()
+        except ToolError as error:
+            self.error = error
+        except Exception as error:  # a broken server or stream: the thread must end and say why
+            self.error = ToolError(f"could not fetch {self.url}: {one_line(str(error), 200)}")
+        finally:
+            self.done.set()
+
+    def follow(self) -> None:
+        """Follow redirects on the page's own host, then read the page; a redirect to another host is only noted."""
+        import urllib.parse  # already loaded by requests: free
+        url = self.url
+        with requests.Session() as session:
+            session.auth = lambda request: request  # set, so requests never sends ~/.netrc's credentials to a page
+            for _ in range(10):
+                try:
+                    response = session.get(url, stream=True, allow_redirects=False, timeout=WEB_TIMEOUTS, headers={
+                        "User-Agent": f"solo/{VERSION}", "Accept": "text/html, text/*, */*"})
+                except requests.RequestException as error:
+                    raise ToolError(f"could not fetch {url}: {one_line(str(error), 200)}") from None
+                with response:
+                    if not response.is_redirect:
+                        self.url = url
+                        return self.read(response)
+                    target = urllib.parse.urljoin(url, response.headers.get("Location", ""))
+                    if host_of(target) != host_of(url):
+                        self.note = f"{url} redirects to {target}, on another host; fetch that URL to follow it"
+                        return None
+                    url = target
+        raise ToolError(f"{url} redirects too many times")
+
+    def read(self, response: requests.Response) -> None:
+        """Keep the body as it arrives (each piece at once: urllib3's read1 where it has it), at most WEB_BYTES + 1."""
+        if response.status_code >= 400:
+            raise ToolError(f"{self.url} answered HTTP {response.status_code} {response.reason}")
+        with self.lock:
+            self.kind = response.headers.get("Content-Type", "").lower()
+        read1 = getattr(response.raw, "read1", None)
+        pieces = iter(lambda: read1(1 << 16, decode_content=True) or b"", b"") if read1 else \
+            response.iter_content(1 << 14)
+        try:
+            for piece in pieces:
+                with self.lock:
+                    self.data += piece
+                    if len(self.data) > WEB_BYTES or self.stopped:
+                        return
+        except Exception as error:  # whatever the stream raises (urllib3's errors are its own classes)
+            raise ToolError(f"the page {self.url} broke off: {one_line(str(error), 200)}") from None
+
+
 def fetch_page(url: str) -> tuple[str, str]:
-    """A page's URL and text (HTML made readable), following redirects on its own host; a redirect to another host
-    comes back as ("", a note saying where it leads)."""
-    import urllib.parse  # already loaded by requests: free
-    with requests.Session() as session:
-        session.auth = lambda request: request  # set, so requests never sends ~/.netrc's credentials to a page
-        for _ in range(10):
-            try:
-                response = session.get(url, stream=True, allow_redirects=False, timeout=WEB_TIMEOUTS,
-                                       headers={"User-Agent": f"solo/{VERSION}", "Accept": "text/html, text/*, */*"})
-            except requests.RequestException as error:
-                raise ToolError(f"could not fetch {url}: {one_line(str(error), 200)}") from None
-            with response:
-                if not response.is_redirect:
-                    return url, page_body(response, url)
-                target = urllib.parse.urljoin(url, response.headers.get("Location", ""))
-                if host_of(target) != host_of(url):
-                    return "", f"{url} redirects to {target}, on another host; fetch that URL to follow it"
-                url = target
-    raise ToolError(f"{url} redirects too many times")
+    """A page's URL and text (HTML made readable), following redirects on its own host, in WEB_SECONDS at most
+    (then cut); a redirect to another host comes back as ("", a note saying where it leads)."""
+    fetch = PageFetch(url)
+    threading.Thread(target=fetch.run, daemon=True).start()
+    late = not fetch.done.wait(WEB_SECONDS)
+    with fetch.lock:
+        fetch.stopped, data, kind = True, bytes(fetch.data), fetch.kind
+    if fetch.note:
+        return "", fetch.note
+    if fetch.error and not late:
+        raise fetch.error
+    if kind is None:
+        raise ToolError(f"{url} sent no page in {WEB_SECONDS:g} s")
+    return fetch.url, page_body(data, kind, fetch.url, late)
 
 
-def page_body(response: requests.Response, url: str) -> str:
-    """A fetched page's text: at most WEB_BYTES read; ToolError for an error status or binary content."""
-    if response.status_code >= 400:
-        raise ToolError(f"{url} answered HTTP {response.status_code} {response.reason}")
-    kind = response.headers.get("Content-Type", "").lower()
-    data, started = b"", time.monotonic()
-    try:
-        for chunk in response.iter_content(1 << 16):
-            data += chunk
-            if len(data) > WEB_BYTES or time.monotonic() - started > WEB_SECONDS:
-                break
-    except requests.RequestException as error:
-        raise ToolError(f"the page {url} broke off: {one_line(str(error), 200)}") from None
+def page_body(data: bytes, kind: str, url: str, late: bool) -> str:
+    """A fetched page's text, cut to WEB_BYTES (`late`: what arrived by the deadline); ToolError for binary content.
+    An unknown charset, or one that cannot decode it, is read as UTF-8."""
     textual = not kind or kind.startswith("text/") or re.search(r"json|xml|javascript", kind)
     if not textual or sniff_encoding(data[:SNIFF_BYTES]) is None:
         raise ToolError(f"{url} is {kind.split(';')[0] or 'binary data'} ({len(data)} bytes), not a page to read")
     charset = re.search(r"charset=([\w-]+)", kind)
     try:
         text = data[:WEB_BYTES].decode(charset.group(1) if charset else "utf-8", errors="replace")
-    except LookupError:
+    except (LookupError, ValueError):  # ValueError: a codec such as idna that cannot replace what it cannot decode
         text = data[:WEB_BYTES].decode("utf-8", errors="replace")
     text = page_text(text, url) if "html" in kind or re.match(r"\s*<(!doctype|html)", text, re.I) else text
-    cut = len(data) > WEB_BYTES or time.monotonic() - started > WEB_SECONDS
-    return text + (f"\n[the page was cut at {len(data[:WEB_BYTES])} bytes]" if cut else "")
+    if late:
+        return text + f"\n[the page was cut at {len(data[:WEB_BYTES])} bytes: it took longer than {WEB_SECONDS:g} s]"
+    return text + (f"\n[the page was cut at {WEB_BYTES} bytes]" if len(data) > WEB_BYTES else "")
 
 
 WEB_READER = ("You read a web page for a coding agent and answer its request from the page alone: briefly, exactly, "
@@ -3424,6 +3536,8 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
             return denial(why)
         result = tool.run(ctx._replace(call_id=str(call.get("id") or "")), **kwargs)
     except Exception as error:  # the one place a tool failure becomes a result
+        if isinstance(error, ApiError) and error.status in ACCOUNT_STATUSES:  # but the key's or the credit's
+            raise
         result = f"Error: {error}"
     note = f"\n{undone_note(undone)}" if ctx.guard and (undone := ctx.guard.undo()) else ""  # after every call: what
     # confined processes changed meanwhile, where the kernel does not keep it read-only
@@ -3490,9 +3604,12 @@ def forked_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> tuple[i
 def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> list[str]:
     """The results of read-only calls run at once: searches in child processes, to-do lists here in order (the last
     one stays), the rest in threads."""
-    results = [""] * len(calls)
+    results, fatal = [""] * len(calls), []
     def run(i: int) -> None:
-        results[i] = run_tool_call(calls[i], tools, ctx)
+        try:
+            results[i] = run_tool_call(calls[i], tools, ctx)
+        except ApiError as error:  # the key or the credit failed: raised once every call has ended
+            fatal.append(error)
     threads = [threading.Thread(target=run, args=(i,), daemon=True)
                for i, call in enumerate(calls) if call["function"]["name"] not in (*SEARCHES, "TodoWrite")]
     children: dict[int, tuple[int, int]] = {}
@@ -3518,6 +3635,8 @@ def run_batch(calls: list[dict], tools: dict[str, Tool], ctx: ToolContext) -> li
                 results[i] = output[fd].decode("utf-8", errors="replace") or "Error: the search stopped unexpectedly"
         for thread in threads:
             thread.join()
+        if fatal:
+            raise fatal[0]
     finally:
         for fd, (i, pid) in children.items():  # out of time, or the run is stopping
             os.kill(pid, signal.SIGKILL)
@@ -3628,7 +3747,7 @@ class McpServer:
     server that stops reading and an answer that never ends included, keeps to its deadline."""
 
     def __init__(self, name: str, spec: dict, cwd: Path, env: dict[str, str], emit: Callable[[dict], None],
-                 spawner: Spawner | None = None, relay: Callable[[str, dict, float], dict] | None = None):
+                 spawner: Spawner | Zygote | None = None, relay: Callable[[str, dict, float], dict] | None = None):
         self.name, self.spec, self.cwd, self.env, self.emit, self.spawner = name, spec, cwd, env, emit, spawner
         self.relay = relay if spec.get("type") == "sdk" else None  # SDK mode: the SDK's in-process server
         self.state, self.error, self.tools, self.proc, self.closed = "starting", "", [], None, False
@@ -3850,10 +3969,10 @@ class McpServer:
         if proc:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
-            signal_group(proc.pid, signal.SIGTERM)
+            signal_command(proc, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(1)
-            signal_group(proc.pid, signal.SIGKILL)  # what is left of the group: a child that ignored SIGTERM
+            signal_command(proc, signal.SIGKILL)  # what is left of the group: a child that ignored SIGTERM
             proc.wait()
 
 
@@ -3885,7 +4004,8 @@ def offline(cfg: Config, spec: dict) -> bool:
 
 
 def start_mcp(cfg: Config, specs: list[tuple[str, dict]], env: dict[str, str], emit: Callable[[dict], None],
-              spawner: Spawner | None, relay: Callable[[str, dict, float], dict] | None = None) -> list[McpServer]:
+              spawner: Spawner | Zygote | None,
+              relay: Callable[[str, dict, float], dict] | None = None) -> list[McpServer]:
     """These servers, started at once; a server that fails gives one warning and is left out, and so does an
     HTTP server off this machine when the sandbox's network is off (before any connection)."""
     for name, spec in specs:
@@ -4565,11 +4685,14 @@ def hook_result(event: str, code: int, stdout: str, stderr: str) -> HookResult:
         return HookResult(2, block=stderr.strip() or "blocked by a hook")
     if code != 0:
         return HookResult(code, message=stderr.strip() or stdout.strip())
+    warning = ""
     if stdout.lstrip().startswith("{"):
-        with contextlib.suppress(ValueError):
+        try:
             if isinstance(output := json.loads(stdout), dict):
                 return hook_answer(event, output)
-    return HookResult(context=stdout.strip() if event in ("UserPromptSubmit", "SessionStart") else "")
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deeply to read
+            warning = f"its output is not valid JSON ({one_line(str(error), 80) or 'nested too deeply'}); read as text"
+    return HookResult(context=stdout.strip() if event in ("UserPromptSubmit", "SessionStart") else "", message=warning)
 
 
 def run_hook_command(command: str, data: dict, *, cwd: Path, env: dict[str, str], timeout: float,
@@ -4615,19 +4738,6 @@ def feed(stream: Any, data: bytes) -> None:
         stream.write(data)
     with contextlib.suppress(OSError):
         stream.close()
-
-
-SETPRIV = ("/usr/bin/setpriv", "/bin/setpriv")  # util-linux: sets the death signal, then runs the command
-
-
-def hook_starter(spawner: Spawner) -> Callable[..., subprocess.Popen]:
-    """How hooks start, set to die with solo even when it is killed: through setpriv --pdeathsig where it exists
-    (a plain spawn, which costs a large process a millisecond where the spawner's fork with a step in the child
-    costs several), else by the spawner."""
-    setpriv = next((path for path in SETPRIV if os.access(path, os.X_OK)), None)
-    if setpriv is None:
-        return spawner.popen
-    return lambda args, **kwargs: subprocess.Popen([setpriv, "--pdeathsig", "KILL", *args], **kwargs)
 
 
 class Hooks:
@@ -6147,7 +6257,8 @@ class Agent:
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
         sandbox = self.confine(given)
         self.spawner = sandbox.spawner if sandbox else Spawner()
-        outside = hook_starter(Spawner() if sandbox else self.spawner) if hooks else subprocess.Popen
+        self.zygote = unconfined_zygote(Spawner() if sandbox else self.spawner)  # started on first use
+        outside = self.zygote.popen if hooks else subprocess.Popen  # a hook outside the sandbox is yours
         start = sandbox.zygote.popen if sandbox and sandbox.zygote else outside  # in a sandbox, hooks run in it too
         self.hooks = Hooks(hooks, cwd=cfg.cwd, env=given, emit=emit, common=self.hook_fields, start=start,
                            outside=outside, before=self.guard.check if self.guard else None)
@@ -6155,10 +6266,10 @@ class Agent:
         tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
-                               delegate=self.delegate, side=self.side, blind=self.blind, pages={})
+                               delegate=self.delegate, side=self.side, blind=self.blind, pages={}, zygote=self.zygote)
         project = project_servers(self.trust.servers, env, cfg.pass_env, self.notice)
-        self.servers = start_mcp(cfg, [*cfg.mcp, *project], tool_env, emit, self.spawner,  # confined too
-                                 relay)  # SDK mode: in-process servers of the SDK
+        self.servers = start_mcp(cfg, [*cfg.mcp, *project], tool_env, emit, sandbox.spawner if sandbox else
+                                 self.zygote, relay)  # confined too; relay: SDK mode's in-process servers
         for server in self.servers:
             for tool in server.tools if server.state == "connected" else []:
                 # every server started is the user's own (--mcp-config) or one they approved: its hints are trusted
@@ -6206,13 +6317,19 @@ class Agent:
             server.stop()
         if getattr(self, "shells", None):
             self.shells.close()
+        zygotes = [z for z in (getattr(self, "zygote", None), self.ctx.sandbox.zygote if getattr(self, "ctx", None)
+                               and self.ctx.sandbox else None) if z]
+        for zygote in zygotes:
+            zygote.stop()  # it kills what commands left running, wherever they went
         end_orphans()
         if self.guard and (undone := self.guard.undo()):
             self.notice(undone_note(undone))
         with contextlib.suppress(Exception):
             if getattr(self, "hooks", None):
                 self.hooks.fire("SessionEnd", {"reason": reason})
-                end_orphans()  # and the sandbox's command starter, which hooks may have started again
+                for zygote in zygotes:  # hooks may have started them again
+                    zygote.stop()
+                end_orphans()
         self.protection.remove()
         if self.scratch:
             import shutil
@@ -6300,9 +6417,14 @@ class Agent:
                 raise ToolError("the prompt that started this sub-agent was cancelled")
             self.emit({**event, "agent": description or kind, "parent": parent})
         emit({"type": "prompt", "text": prompt})
-        outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
-                            ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
-                            compactor=self.compactor, hooks=self.hooks, stop_event="SubagentStop")
+        try:
+            outcome = run_agent(cfg, messages, model=self.model, tools=tools, usage=self.usage,
+                                ctx=self.ctx._replace(delegate=None, emit=emit), emit=emit, info=self.model.model_info,
+                                compactor=self.compactor, hooks=self.hooks, stop_event="SubagentStop")
+        except ApiError as error:  # the parent model decides what to do; only the key or the credit ends the run
+            if error.status in ACCOUNT_STATUSES:
+                raise
+            raise ToolError(f"the sub-agent failed: {error}") from None
         if outcome.subtype != "success":
             raise ToolError(f"the sub-agent stopped ({outcome.subtype}) before it answered")
         return outcome.answer or "(the sub-agent answered nothing)"
@@ -8356,7 +8478,8 @@ class Session:
         session), or s (and save them in .claude/settings.local.json: for commands and MCP tools); "n" for Ctrl-D."""
         what = describe_call(self.agent.cfg.cwd, tool, args, self.display.fancy)
         zygote = self.agent.ctx.sandbox.zygote if self.agent.ctx.sandbox else None
-        if running := orphans(self.agent.spawner.pids) + (zygote.leftovers() if zygote else []):  # could type here
+        if running := orphans(self.agent.spawner.pids) + (zygote.leftovers() if zygote else []) + \
+                self.agent.zygote.leftovers():  # could type here
             self.reporter.say("still running from earlier commands:\n" + "\n".join(
                 f"  {pid} {visible(one_line(command, 200))}" for pid, command in running[:20]))
         if tool in EDITORS:
@@ -8564,20 +8687,29 @@ class SdkLink:
         threading.Thread(target=self.read, daemon=True).start()
 
     def read(self) -> None:
-        """Route every line of stdin; at its end, wake every waiter and end the queue."""
-        with contextlib.suppress(OSError, ValueError):
-            while line := self.stdin.readline():
-                try:
-                    message = json.loads(line)
-                    assert isinstance(message, dict)
-                except (ValueError, AssertionError):
-                    self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
-                    continue
-                self.route(message)
-        self.closed = True
-        for slot in list(self.pending.values()):
-            slot.set()
-        self.prompts.put(None)
+        """Route every line of stdin; at its end, whatever ends it, wake every waiter and end the queue."""
+        try:
+            with contextlib.suppress(OSError, ValueError):
+                for line in self.lines():
+                    try:
+                        message = json.loads(line)
+                        assert isinstance(message, dict)
+                    except (ValueError, AssertionError, RecursionError):  # RecursionError: nested too deeply
+                        self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
+                        continue
+                    self.route(message)
+        finally:
+            self.closed = True
+            for slot in list(self.pending.values()):
+                slot.set()
+            self.prompts.put(None)
+
+    def lines(self) -> Iterator[str]:
+        """stdin's lines, read as bytes and decoded here as UTF-8 (a bad byte replaced), whatever PYTHONIOENCODING
+        says."""
+        source = getattr(self.stdin, "buffer", self.stdin)
+        while line := source.readline():
+            yield line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line
 
     def route(self, message: dict) -> None:
         """One line from the SDK."""
@@ -8669,9 +8801,11 @@ class SdkRun:
         reporter.write_json(init_event(agent.cfg, agent, agent.cfg.permission_mode))
         if self.cfg.replay_user_messages:
             reporter.write_json({**message, "session_id": agent.cfg.session_id, "uuid": new_uuid(), "isReplay": True})
-        text, images = user_content((message.get("message") or {}).get("content"))
         outcome, failure, error = None, None, ""
         try:
+            if not isinstance(message.get("message"), dict):  # a malformed prompt fails alone
+                raise AgentError(f"the prompt's message is not an object: {one_line(str(message.get('message')), 80)}")
+            text, images = user_content(message["message"].get("content"))
             with self.lock:
                 self.running = True
             try:
@@ -8728,7 +8862,9 @@ class SdkRun:
 
     def set_model(self, request: dict) -> dict:
         """Change the model from the next prompt on (none: the default)."""
-        self.changes["model"] = model_id(str(request.get("model") or DEFAULT_MODEL))
+        if (model := request.get("model")) is not None and not isinstance(model, str):
+            raise AgentError(f"the model must be a string, not {type(model).__name__}")
+        self.changes["model"] = model_id(model or DEFAULT_MODEL)
         return {}
 
     def add_hooks(self) -> None:

@@ -262,9 +262,11 @@ def long_session(workspace: Path, turns: int = 400, window: int = 20_000) -> dic
 
 def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[float, float] | None:
     """Median seconds of a trivial Bash call through tool_bash, unconfined and confined (each started by its
-    spawner, as the agent does), interleaved; None when this kernel has no Landlock."""
+    zygote, as the agent does), interleaved; None when this kernel has no Landlock."""
     from app import main as agent
-    plain = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)), spawner=agent.Spawner())
+    spawner = agent.Spawner()
+    plain = agent.ToolContext(cwd=workspace, env=agent.command_env(dict(os.environ)), spawner=spawner,
+                              zygote=agent.unconfined_zygote(spawner))
     roots = (workspace.resolve(), Path(tempfile.gettempdir()).resolve())
     protection = agent.protection((workspace.resolve(),), roots, dict(os.environ), None)  # read-only, as the agent's
     try:
@@ -283,6 +285,7 @@ def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[fl
                 times[name].append(time.perf_counter() - started)
             assert result == "(no output)\n[exit code 0]", result
     finally:
+        plain.zygote.stop()
         sandbox.spawner.shutdown()
         protection.remove()
     return statistics.median(times["plain"]), statistics.median(times["confined"])
@@ -290,7 +293,8 @@ def sandbox_cost(workspace: Path, runs: int = 100 if QUICK else 400) -> tuple[fl
 
 def hook_cost(workspace: Path, turns: int = 100) -> tuple[float, float, float]:
     """Median seconds per turn (one Read each) with a `true` PreToolUse hook on every call and without, and what
-    starting the hook's process costs by itself (`setpriv --pdeathsig KILL /bin/sh -c true`, as solo starts it)."""
+    starting the hook's process costs by itself (`setpriv --pdeathsig KILL /bin/sh -c true` from this small process:
+    a floor; solo forks it from its zygote)."""
     (workspace / "small.txt").write_text("a small file\n" * 5)
     hooked = workspace / "hooked-home"
     (hooked / ".claude").mkdir(parents=True, exist_ok=True)
@@ -306,7 +310,7 @@ def hook_cost(workspace: Path, turns: int = 100) -> tuple[float, float, float]:
                 times[name].append((server.times[-1] - server.times[0]) / turns)
     setpriv = ["/usr/bin/setpriv", "--pdeathsig", "KILL"] if os.access("/usr/bin/setpriv", os.X_OK) else []
     started = time.monotonic()
-    for _ in range(100):  # the hook's process as solo starts it
+    for _ in range(100):  # the floor: a small process starts the hook's process
         subprocess.run([*setpriv, "/bin/sh", "-c", "true"], input=b"{}", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return statistics.median(times["hooked"]), statistics.median(times["plain"]), (time.monotonic() - started) / 100
 

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -394,8 +395,8 @@ def test_what_commands_left_running_ends_when_the_agent_is_stopped(serve, worksp
 @pytest.mark.parametrize("flags", [[], ["--sandbox", "workspace-write"]])
 def test_a_running_command_and_a_confined_background_job_die_with_a_killed_agent(serve, workspace, tmp_path,
                                                                                    private_tmp, flags):
-    """SIGKILL leaves solo no time: what it started itself dies with it, and so does a confined command's leftover
-    job (in the namespace, whose init dies with solo); an unconfined leftover is out of reach (the README says so)."""
+    """SIGKILL leaves solo no time: what it started itself dies with it, and so does a command's leftover job (a
+    confined one's in the namespace, whose init dies with solo; an unconfined one's with the zygote, which kills it)."""
     marker = f"solo-orphan-{os.getpid()}-{len(flags)}"
     steps = [[call("Bash", {"command": f"{lingering(marker + '-left')} > /dev/null 2>&1 &"}, id="a")],
              [call("Bash", {"command": lingering(marker + "-running")}, id="b")]]
@@ -411,8 +412,53 @@ def test_a_running_command_and_a_confined_background_job_die_with_a_killed_agent
     proc.kill()
     proc.wait()
     try:
-        assert wait_until_gone(marker + "-running") == []
-        assert (wait_until_gone(marker + "-left") == []) is bool(flags)
+        assert wait_until_gone(marker + "-running", 2) == []
+        assert wait_until_gone(marker + "-left", 2) == []
+    finally:
+        for pid in pids_with(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_what_shells_hooks_and_sub_agents_commands_start_dies_with_a_killed_agent(serve, workspace, tmp_path):
+    """kill -9 of solo ends the children of a background shell (in its group and out of it), of a hook, of a
+    sub-agent's command and of an MCP server, all unconfined: nothing with a marker is left 2 s later."""
+    marker = f"solo-killed-{os.getpid()}"
+    left = lambda name: f"{lingering(f'{marker}-{name}')} > /dev/null 2>&1"
+    shell = f"{left('grouped')} & setsid {left('session')} & {lingering(marker + '-shell')}"
+    asked = threading.Event()
+
+    def model(body: dict) -> dict:
+        task, done = body["messages"][1]["content"], sum(m["role"] == "assistant" for m in body["messages"])
+        if task == "sub":
+            return reply(tool_calls=[call("Bash", {"command": f"{left('sub')} &"})]) if done == 0 else reply("ok")
+        if done == 0:
+            return reply(tool_calls=[call("Bash", {"command": shell, "run_in_background": True}, id="bg"),
+                                     call("Agent", {"description": "d", "prompt": "sub"}, id="ag")])
+        asked.set()
+        time.sleep(30)  # solo waits for this reply when it is killed
+        return reply("late")
+
+    server = serve(model)
+    hook = {"type": "command", "command": f"{left('hook')} & exit 0"}
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / "settings.json").write_text(json.dumps({"hooks": {"PreToolUse": [{"hooks": [hook]}]}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
+    env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="k", HOME=str(tmp_path))
+    server_file = Path(__file__).resolve().with_name("mcp_server.py")
+    mcp = {"command": "sh", "args": ["-c", f"setsid {left('mcp')} & exec {sys.executable} {server_file}"]}
+    proc = subprocess.Popen([str(PROGRAM), "-p", "go", "--permission-mode", "bypassPermissions", "--mcp-config",
+                             json.dumps({"mcpServers": {"s": mcp}})], cwd=workspace, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    names = ("grouped", "session", "shell", "sub", "hook", "mcp")
+    try:
+        assert asked.wait(30)
+        deadline = time.monotonic() + 10
+        while not all(pids_with(f"{marker}-{name}") for name in names):
+            assert time.monotonic() < deadline, [name for name in names if not pids_with(f"{marker}-{name}")]
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        assert wait_until_gone(marker, 2) == []
     finally:
         for pid in pids_with(marker):
             os.kill(pid, signal.SIGKILL)
@@ -531,6 +577,24 @@ def test_a_command_cannot_stop_the_zygote_where_there_are_no_namespaces(unshared
     assert not stopped and "timed out after 1000 ms" in result.get("out", ""), result
 
 
+def test_what_a_command_left_dies_with_solo_where_there_are_no_namespaces(unshared):
+    """Without a namespace whose init takes everything down, the zygote, the subreaper of what commands leave, kills
+    it all itself once solo is gone (its socket closes, as when solo is killed)."""
+    marker = f"solo-unshared-{os.getpid()}"
+    try:
+        assert agent.tool_bash(unshared, f"setsid {lingering(marker)} > /dev/null 2>&1 < /dev/null &").endswith(
+            "[exit code 0]")
+        deadline = time.monotonic() + 10
+        while not pids_with(marker):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        unshared.sandbox.zygote.asked.close()
+        assert wait_until_gone(marker, 2) == []
+    finally:
+        for pid in pids_with(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_command_cannot_signal_or_read_another_commands_processes(confined):
     """Commands share the zygote's namespace, not its Landlock domain: what one left running is out of another's
     reach (as when each command had namespaces of its own)."""
@@ -602,8 +666,7 @@ def test_before_linux_6_9_a_command_is_signalled_by_group_only_while_it_runs(con
 def test_the_zygote_program_is_read_once(confined, monkeypatch):
     """A restarted zygote runs the program solo started with, not whatever its source file holds by then (solo may
     be working on its own code, or be upgraded while it runs)."""
-    import inspect
-    monkeypatch.setattr(inspect, "getsource", lambda _: "raise SystemExit(3)\n")
+    monkeypatch.setattr(agent, "class_source", lambda _: "raise SystemExit(3)\n")
     zygote = confined.sandbox.zygote
     os.kill(zygote.pid, signal.SIGKILL)
     zygote.proc.wait(10)
@@ -629,8 +692,10 @@ def test_the_secret_filter(name, value, secret):
 
 
 def test_the_agents_own_environment_holds_no_secret(serve, run, workspace):
-    """A command reads /proc/<solo>/environ (its parent's, unconfined; root could read it even non-dumpable)."""
-    server = serve(script([call("Bash", {"command": "tr '\\0' '\\n' < /proc/$PPID/environ"}, id="env")]))
+    """A command reads /proc/<solo>/environ (its parent's parent's, the zygote's, unconfined; root could read it even
+    non-dumpable)."""
+    server = serve(script([call("Bash", {"command": "tr '\\0' '\\n' < /proc/$(cut -d' ' -f4 /proc/$PPID/stat)/environ"},
+                                id="env")]))
     secrets = {"MY_TOKEN": "tok-41a", "DATABASE_URL": "postgres://u:pw-41b@db/app", "GITHUB_PAT": "pat-41c",
                "PGPASS": "pg-41d", "SMTPPASS": "smtp-41e"}  # a suffix too (issue 29)
     result = run(["-p", "go"], cwd=workspace, base_url=server.url, env=secrets)

@@ -401,6 +401,59 @@ def test_the_stdin_thread_routes_prompts_control_requests_and_answers():
         sdk.request("can_use_tool", {})
 
 
+def test_bad_stdin_lines_each_fail_alone_and_the_run_goes_on(serve, run, workspace, tmp_path):
+    """A line nested too deeply is skipped; a prompt whose message is a string or a list is an error for that prompt;
+    a byte that is not UTF-8 is replaced even with PYTHONIOENCODING=utf-8; set_model with an object is refused."""
+    def model(body):
+        content = body["messages"][-1]["content"]
+        return reply("ok: " + (content if isinstance(content, str) else content[0]["text"]))
+    server = serve(model)
+    prompt = lambda text: json.dumps({"type": "user", "message": {"role": "user", "content": text}}).encode() + b"\n"
+    lines = [b"[" * 100_000 + b"]" * 100_000 + b"\n", b'{"type": "user", "message": "a string"}\n',
+             b'{"type": "user", "message": ["a", "list"]}\n', prompt("caf\u00e9").replace(b"\\u00e9", b"\xff"),
+             b'{"type": "control_request", "request_id": "m1", "request": {"subtype": "set_model", '
+             b'"model": {"a": 1}}}\n',
+             prompt("last")]
+    (tmp_path / "stdin").write_bytes(b"".join(lines))
+    with open(tmp_path / "stdin", "rb") as stdin:
+        result = run(["--output-format", "stream-json", "--verbose", "--input-format", "stream-json"], cwd=workspace,
+                     base_url=server.url, env={"PYTHONIOENCODING": "utf-8"}, stdin=stdin, timeout=60)
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    results = [(e["is_error"], e.get("result") or "".join(e.get("errors") or []))
+               for e in events if e["type"] == "result"]
+    assert result.code == 0, result.stderr
+    assert [is_error for is_error, _ in results] == [True, True, False, False], results
+    assert "not an object" in results[0][1] and "not an object" in results[1][1]
+    assert results[2][1] == "ok: caf\ufffd" and results[3][1] == "ok: last"
+    answer = next(e["response"] for e in events if e["type"] == "control_response")
+    assert answer["subtype"] == "error" and "must be a string" in answer["error"]
+    assert [body["model"] for body in server.bodies] == ["anthropic/claude-haiku-4.5"] * 2
+    assert result.stderr.count("skipped a line of stdin") == 1
+
+
+def test_piped_stdin_with_a_bad_byte_is_read_whatever_pythonioencoding_says(serve, run, workspace, tmp_path):
+    """-p reads piped stdin as bytes too: the byte is replaced, the run goes on."""
+    server = serve(lambda body: reply("ok"))
+    (tmp_path / "stdin").write_bytes(b"caf\xff context\n")
+    with open(tmp_path / "stdin", "rb") as stdin:
+        result = run(["-p", "summarize"], cwd=workspace, base_url=server.url, env={"PYTHONIOENCODING": "utf-8"},
+                     stdin=stdin)
+    assert (result.code, result.stdout) == (0, "ok\n"), result.stderr
+    assert "caf\ufffd context" in json.dumps(server.bodies[0]["messages"], ensure_ascii=False)
+
+
+def test_the_reader_ends_the_queue_whatever_ends_it():
+    class Broken(io.StringIO):
+        def readline(self, *args):
+            raise MemoryError("a line too long to hold")
+    sdk, _ = link([])
+    sdk.stdin, slot = Broken(), agent.threading.Event()
+    sdk.pending["r1"] = slot
+    with pytest.raises(MemoryError):
+        sdk.read()
+    assert sdk.prompts.get(timeout=1) is None and slot.is_set() and sdk.closed
+
+
 def test_user_content_blocks_become_text_and_image_parts():
     text, images = agent.user_content([{"type": "text", "text": "what is this?"}, {"type": "image", "source": {
         "type": "base64", "media_type": "image/png", "data": "AAAA"}}])

@@ -407,6 +407,16 @@ def test_a_hook_failing_with_exit_1_is_a_warning_and_the_call_runs_a_crashing_gu
                for e in events if e["type"] == "notice")
 
 
+def test_a_hook_printing_json_nested_too_deeply_fails_open_with_a_warning(workspace):
+    events = []
+    deep = workspace.parent / "deep.json"
+    deep.write_text('{"a":' * 10_000 + "1" + "}" * 10_000)
+    outcome = hooked(workspace, pre(f"cat {deep}"), [call("Bash", {"command": "touch made"})], events=events)
+    assert outcome.answer == "(no output)\n[exit code 0]" and (workspace / "made").exists()
+    assert any("PreToolUse hook" in e["text"] and "not valid JSON" in e["text"]
+               for e in events if e["type"] == "notice")
+
+
 def test_a_hook_rewrites_the_input_and_its_allow_does_not_beat_a_deny_rule(workspace):
     rewrite = {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow",
                                       "updatedInput": {"command": "echo rewritten"}}}

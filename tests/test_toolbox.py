@@ -4,6 +4,7 @@ end against the fake OpenRouter."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -15,12 +16,13 @@ import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
 from app import main as agent
-from tests.fake_openrouter import call, reply, tool_results
+from tests.fake_openrouter import Raw, call, reply, tool_results
 
 TOOLS = {tool.name: tool for tool in agent.TOOLS}
 
@@ -308,19 +310,34 @@ def site():
                       "/big": (200, "text/plain", b"x" * (6 << 20)),
                       "/binary": (200, "application/octet-stream", bytes(range(256)) * 4),
                       "/missing": (404, "text/html", b"no"),
-                      "/plain-count": (200, "text/plain", f"fetched {len(counted)} times".encode())}
+                      "/plain-count": (200, "text/plain", f"fetched {len(counted)} times".encode()),
+                      "/idna": (200, "text/plain; charset=idna", "café ".encode() + b"\xff"),
+                      "/utf-7": (200, "text/plain; charset=utf-7", b"caf+AOk- +\xff")}
             if self.path == "/here":
                 return self.redirect("/page")
             if self.path == "/away":
                 return self.redirect(f"http://localhost:{port}/page")  # another host name for the same server
             if self.path == "/slow":
                 time.sleep(1.5)
+            if self.path.startswith("/trickle"):  # a byte every 50 ms of a page that says it is 200 bytes long
+                return self.trickle()
             status, kind, body = routes.get(self.path, (200, "text/plain", b"late"))
             self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def trickle(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", "200")
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                for _ in range(200):
+                    self.wfile.write(b"t")
+                    self.wfile.flush()
+                    time.sleep(0.05)
 
         def redirect(self, where: str) -> None:
             self.send_response(302)
@@ -363,6 +380,25 @@ def test_web_fetch_reads_pages_and_asks_the_model(ctx, site, monkeypatch):
         asked[-1][0][1]["content"]
     monkeypatch.setattr(agent, "WEB_TIMEOUTS", (1.0, 0.3))
     assert run(ctx, "WebFetch", url=f"{site}/slow", prompt="p").startswith(f"Error: could not fetch {site}/slow:")
+
+
+def test_web_fetch_ends_at_its_deadline_whatever_the_pacing_alone_or_in_a_batch(ctx, site, monkeypatch):
+    """One byte every 50 ms never leaves the connection silent: the deadline (made 1.5 s here) still holds."""
+    monkeypatch.setattr(agent, "WEB_SECONDS", 1.5)
+    started = time.monotonic()
+    result = run(ctx, "WebFetch", url=f"{site}/trickle", prompt="p")
+    assert time.monotonic() - started < 1.5 + 2
+    assert result.startswith("ttt") and result.endswith("bytes: it took longer than 1.5 s]"), result[-200:]
+    calls = [{"id": f"c{n}", "type": "function", "function": {"name": "WebFetch", "arguments": json.dumps(
+        {"url": f"{site}/trickle?{n}", "prompt": "p"})}} for n in range(3)]
+    started = time.monotonic()
+    results = agent.run_batch(calls, {t.name: t for t in agent.TOOLS}, ctx)
+    assert time.monotonic() - started < 1.5 + 2 and all("took longer than 1.5 s" in r for r in results), results
+
+
+def test_web_fetch_reads_a_charset_that_cannot_decode_the_page_as_utf8(ctx, site):
+    assert run(ctx, "WebFetch", url=f"{site}/idna", prompt="p") == "café \ufffd"
+    assert run(ctx, "WebFetch", url=f"{site}/utf-7", prompt="p").startswith("café")
 
 
 def test_web_fetch_reuses_a_page_for_15_minutes_and_says_so(ctx, site):
@@ -489,6 +525,31 @@ def test_sub_agents_run_side_by_side_with_their_own_conversations(serve, run, wo
     main_lines = [json.loads(line) for line in transcript[1:] if '"sidechain"' not in line]
     assert [m["role"] for m in main_lines if "role" in m] == ["system", "user", "assistant", "tool", "tool", "tool",
                                                               "assistant"]
+
+
+@pytest.mark.parametrize("status, ends", [(400, False), (500, False), (401, True), (402, True)])
+def test_a_sub_agents_api_failure_is_its_agent_calls_result(serve, run, workspace, status, ends):
+    """The sibling finishes and the parent model decides; only the key or the credit (401, 402) ends the run."""
+    def model(body: dict) -> Any:
+        task, last = body["messages"][1]["content"], body["messages"][-1]
+        if task == "main task":
+            if last["role"] == "user":
+                return reply(tool_calls=[call("Agent", {"description": "fails", "prompt": "sub A"}),
+                                         call("Agent", {"description": "works", "prompt": "sub B"})])
+            return reply(" | ".join(tool_results(body)))
+        if task == "sub A":
+            return Raw(status, {"error": {"code": status, "message": f"refused with {status}"}})
+        time.sleep(0.5)  # still at work when its sibling fails
+        return reply("sub B done")
+
+    server = serve(model)
+    result = run(["-p", "main task"], cwd=workspace, base_url=server.url, env={"SOLO_MAX_ATTEMPTS": "2"})
+    if ends:
+        assert result.code == 1 and f"refused with {status}" in result.stderr
+        return
+    assert result.code == 0, result.stderr
+    assert result.stdout.startswith(f"Error: the sub-agent failed: HTTP {status}: refused with {status}")
+    assert result.stdout.rstrip().endswith(" | sub B done")
 
 
 def test_plan_mode_gives_sub_agents_read_only_tools(serve, run, workspace):
