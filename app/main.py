@@ -149,6 +149,8 @@ MODEL_LIST_SECONDS = 86_400  # the model list (context windows, prices) is asked
 SHRINK_ATTEMPTS = 3  # times the conversation is shrunk after a context-length refusal
 STUB_MIN_CHARS = 400  # tool results shorter than this are not worth replacing with a stub
 IMAGE_LIMIT = 5 << 20  # bytes of one image sent to the model
+IMAGE_SIDE, ANTHROPIC_IMAGE_SIDE = 16_384, 8_000  # pixels a side: any model (past this a header lies or
+# is a decompression bomb), Anthropic's models (their API refuses more)
 NOTEBOOK_OUTPUT_LIMIT = 2_000  # characters of one cell output Read shows
 SHELLS_AT_ONCE = 8  # background shells running at one time
 AGENTS_AT_ONCE = 4  # sub-agents of one reply running at one time
@@ -1473,6 +1475,7 @@ class ToolContext(NamedTuple):
     delegate: Callable[..., str] | None = None  # runs a sub-agent (type, description, prompt, call id); None in one
     side: Callable[..., dict] | None = None  # a request beside the conversation (messages, body fields): its reply
     blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
+    image_side: Callable[[], int] | None = None  # the most pixels a side of an image may have for the model in use
     pages: dict | None = None  # the run's fetched pages: URL -> (monotonic time, final URL, text); None: none kept
     call_id: str = ""  # the id of the call being run (a sub-agent's messages name their Agent call)
 
@@ -1635,7 +1638,7 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     with open(path, "rb") as f:
         head = f.read(16)
     if image_type(head):  # a line about it here, the image itself in a message after the results
-        about, part = image_part(path, file_path)
+        about, part = image_part(path, file_path, image_side(ctx))
         check_sight(ctx)
         return attached(f"[{about}; the image follows in the next message]", [part])
     if path.suffix == ".ipynb" and (notebook := read_notebook(ctx, path)) is not None:
@@ -2320,43 +2323,145 @@ def check_sight(ctx: ToolContext) -> None:
         raise ToolError(f"the model {model} cannot take images (OpenRouter's model list gives it no image input)")
 
 
-def image_part(path: Path, file_path: str) -> tuple[str, dict]:
-    """An image file as a line describing it and an image_url part; ToolError when too large or corrupt."""
-    size = path.stat().st_size
-    if size > IMAGE_LIMIT:
-        raise ToolError(f"{file_path} is an image of {size} bytes; images over {IMAGE_LIMIT >> 20} MB are not sent")
-    data = path.read_bytes()
-    kind = image_type(data[:16]) or "image/?"
+def side_limit(model: str) -> int:
+    """The most pixels a side of an image may have for a model's provider."""
+    return ANTHROPIC_IMAGE_SIDE if model.lstrip("~").startswith("anthropic/") else IMAGE_SIDE
+
+
+def image_side(ctx: ToolContext) -> int:
+    """The most pixels a side of an image may have for the model in use."""
+    return ctx.image_side() if ctx.image_side else IMAGE_SIDE
+
+
+def too_large(name: str, size: int) -> ToolError:
+    """The error for an image over the byte limit."""
+    return ToolError(f"{name} is an image of {size} bytes; images over {IMAGE_LIMIT >> 20} MB are not sent")
+
+
+def vet_image(data: bytes, name: str, side: int) -> tuple[str, int, int]:
+    """An image's media type, width and height; ToolError saying why it may not be sent: over 5 MB, not a PNG, JPEG,
+    GIF or WebP, corrupt or cut short, or more pixels a side than the model takes."""
+    if len(data) > IMAGE_LIMIT:
+        raise too_large(name, len(data))
+    if not (kind := image_type(data[:16])):
+        raise ToolError(f"{name} is not a PNG, JPEG, GIF or WebP image")
     try:
         width, height = image_size(kind, data)
     except (ValueError, struct.error):
-        raise ToolError(f"{file_path} is not a valid {kind[6:].upper()} image (corrupt or cut short)") from None
+        raise ToolError(f"{name} is not a valid {kind[6:].upper()} image (corrupt or cut short)") from None
+    if max(width, height) > side:
+        raise ToolError(f"{name} is an image of {width}x{height} pixels; the model takes at most {side:,} pixels a side")
+    return kind, width, height
+
+
+def vet_url(url: str, name: str, side: int) -> tuple[str, str]:
+    """A data: URL of an image as it may be sent (naming the media type its bytes have) and a line describing it;
+    ToolError saying why it may not be sent."""
+    import base64
+    import binascii
+    head, _, payload = url.partition(",")
+    if not (head.startswith("data:") and head.endswith(";base64")):
+        raise ToolError(f"{name} is not a base64 data: URL")
+    if (size := len(payload) // 4 * 3 - payload[-2:].count("=")) > IMAGE_LIMIT:  # refused before decoding it
+        raise too_large(name, size)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ToolError(f"{name} is not valid base64") from None
+    kind, width, height = vet_image(data, name, side)
+    url = url if head == f"data:{kind};base64" else f"data:{kind};base64,{payload}"
+    return url, f"{kind[6:].upper()} image, {width}x{height} pixels, {len(data)} bytes"
+
+
+def image_part(path: Path, file_path: str, side: int = IMAGE_SIDE) -> tuple[str, dict]:
+    """An image file as a line describing it and an image_url part; ToolError when it may not be sent."""
+    size = path.stat().st_size
+    if size > IMAGE_LIMIT:
+        raise too_large(file_path, size)
+    data = path.read_bytes()
+    kind, width, height = vet_image(data, file_path, side)
     import base64
     url = f"data:{kind};base64,{base64.b64encode(data).decode()}"
-    return (f"{file_path}: {kind[6:].upper()} image, {width}x{height} pixels, {size} bytes",
+    return (f"{file_path}: {kind[6:].upper()} image, {width}x{height} pixels, {len(data)} bytes",
             {"type": "image_url", "image_url": {"url": url}})
 
 
 def cell_text(value: Any) -> str:
-    """A notebook field that is a string or a list of lines, as one string."""
-    return "".join(value) if isinstance(value, list) else str(value or "")
+    """A notebook field that is a string or a list of lines, as one string (an odd item, a number, as JSON)."""
+    if isinstance(value, list):
+        return "".join(item if isinstance(item, str) else json.dumps(item) for item in value)
+    return str(value or "")
 
 
-def output_text(output: dict, parts: list[dict], sighted: bool) -> str:
-    """One cell output as bounded text; its images go to `parts` when the model can take them."""
+def output_text(output: dict, parts: list[dict], side: int) -> str:
+    """One cell output as bounded text; its images go to `parts` when the model can take them (`side` > 0) and
+    they pass the checks every image passes."""
     data = output.get("data") if isinstance(output.get("data"), dict) else {}
     for kind in ("image/png", "image/jpeg"):
         if kind in data:
-            if not sighted:
+            if not side:
                 return f"[{kind} output: the model cannot take images]"
             encoded = re.sub(r"\s", "", cell_text(data[kind]))
-            parts.append({"type": "image_url", "image_url": {"url": f"data:{kind};base64,{encoded}"}})
-            return f"[{kind} output: image {len(parts)} in the next message]"
+            try:
+                url, about = vet_url(f"data:{kind};base64,{encoded}", f"this {kind} output", side)
+            except ToolError as error:
+                return f"[{kind} output not shown: {error}]"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+            return f"[{kind} output: {about}; image {len(parts)} in the next message]"
     if output.get("output_type") == "error":
         text = f"{output.get('ename')}: {output.get('evalue')}\n" + "\n".join(output.get("traceback") or [])
     else:
         text = cell_text(output.get("text") if "text" in output else data.get("text/plain"))
     return clip(TERMINAL_CONTROLS.sub("", text), NOTEBOOK_OUTPUT_LIMIT)
+
+
+def image_url_of(part: Any) -> str | None:
+    """The URL of an image_url content part; None for any other part."""
+    image = part.get("image_url") if isinstance(part, dict) and part.get("type") == "image_url" else None
+    return image.get("url") if isinstance(image, dict) and isinstance(image.get("url"), str) else None
+
+
+def vetted(part: Any, side: int) -> Any:
+    """A content part as it may be sent: an image that may not be, a note saying why (a data: URL names the media
+    type its bytes have); other parts, and images at a web address (the provider fetches them), as they are."""
+    if not (url := image_url_of(part)) or not url.startswith("data:"):
+        return part
+    try:
+        fixed, _ = vet_url(url, "the image", side)
+    except ToolError as error:
+        return {"type": "text", "text": f"[an image was here; it was not sent: {error}]"}
+    return part if fixed == url else {**part, "image_url": {**part["image_url"], "url": fixed}}
+
+
+def vet_images(messages: list[dict], model: str) -> list[str]:
+    """Before a request: every image of the conversation that may not be sent to the model is replaced by a note,
+    in the conversation itself (a transcript keeps it); the notes."""
+    side, notes = side_limit(model), []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if message.get("role") == "user" and isinstance(content, list):
+            parts = [vetted(part, side) for part in content]
+            if changed := [new for new, old in zip(parts, content) if new is not old]:
+                messages[i] = {**message, "content": parts}
+                notes += [new["text"] for new in changed if new.get("type") == "text"]
+    return notes
+
+
+def drop_images(messages: list[dict], why: str) -> int:
+    """Replace the images sent since the model's last reply (every image, when none is that new) with a note saying
+    why; how many were replaced."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    note = {"type": "text", "text": f"[an image was here; it was taken out because {why}]"}
+    for start in (last + 1, 0):
+        count = 0
+        for i in range(start, len(messages)):
+            content = messages[i].get("content")
+            if isinstance(content, list) and any(image_url_of(part) for part in content):
+                count += sum(1 for part in content if image_url_of(part))
+                messages[i] = {**messages[i], "content": [note if image_url_of(part) else part for part in content]}
+        if count:
+            return count
+    return 0
 
 
 def read_notebook(ctx: ToolContext, path: Path) -> str | None:
@@ -2366,12 +2471,12 @@ def read_notebook(ctx: ToolContext, path: Path) -> str | None:
         assert isinstance(cells, list) and all(isinstance(cell, dict) for cell in cells)
     except (ValueError, KeyError, TypeError, AssertionError):
         return None
-    shown, parts, sighted = [], [], not (ctx.blind and ctx.blind())
+    shown, parts, side = [], [], 0 if ctx.blind and ctx.blind() else image_side(ctx)
     for index, cell in enumerate(cells):
         count = f" execution_count={cell['execution_count']}" if cell.get("execution_count") is not None else ""
         shown.append(f'<cell id="{cell.get("id") or f"cell-{index}"}" type="{cell.get("cell_type")}"{count}>\n'
                      f"{cell_text(cell.get('source'))}")
-        outputs = [output_text(o, parts, sighted) for o in cell.get("outputs") or [] if isinstance(o, dict)]
+        outputs = [output_text(o, parts, side) for o in cell.get("outputs") or [] if isinstance(o, dict)]
         shown += [f"<output>\n{text.rstrip(chr(10))}\n</output>" for text in outputs if text]
         shown.append("</cell>")
     text = "\n".join(shown) or "(the notebook has no cells)"
@@ -5508,7 +5613,10 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
                   emit: Callable[[dict], None], compactor: Compactor | None = None, tokens: int = 0) -> dict:
     """One reply from the model; a conversation refused as too long is compacted (or, failing that, its old
     tool results are cut) and sent again, a few times at most."""
+    dropped = 0
     for attempt in itertools.count():
+        for note in vet_images(messages, cfg.model):
+            emit({"type": "notice", "text": note.strip("[]")})
         body = build_request(cfg, messages, specs)
         emit({"type": "request", "body": body})
         try:
@@ -5524,6 +5632,12 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
                 raise
             emit({"type": "notice", "text": f"the conversation is too long for the model: replaced {replaced} "
                   "old tool results with a short note and retrying"})
+        except ApiError as refusal:  # one bad image must not fail this request and every later one
+            if refusal.status != 400 or dropped or not (dropped := drop_images(messages, f"the provider refused the "
+                                                                                 f"request that carried it ({refusal})")):
+                raise
+            emit({"type": "notice", "text": f"the provider refused a request carrying {dropped} image"
+                  f"{'s' * (dropped != 1)} ({refusal}): sent again with each replaced by a note"})
     raise AssertionError("unreachable")
 
 
@@ -5761,7 +5875,8 @@ class Agent:
         tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
-                               delegate=self.delegate, side=self.side, blind=self.blind, pages={})
+                               delegate=self.delegate, side=self.side, blind=self.blind, pages={},
+                               image_side=lambda: side_limit(self.cfg.model))
         self.servers = start_mcp(cfg, [*cfg.mcp, *self.trust.servers], tool_env, emit, self.spawner,  # confined too
                                  relay)  # SDK mode: in-process servers of the SDK
         for server in self.servers:
