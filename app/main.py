@@ -2582,39 +2582,64 @@ def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "
 
 
 class Shell:
-    """A command running in the background: its process, and its output since the last read (head and tail)."""
+    """A command running in the background: its process, and its output since the last read (head and tail), read by
+    a thread of its own for as long as anything (the shell, or what it left running) holds the pipe open."""
 
     def __init__(self, command: str, proc: subprocess.Popen):
-        self.command, self.proc, self.code = command, proc, None  # code: set once it exited and its output is in
-        self.out, self.lock = HeadTail(RESULT_LIMIT // 2 - 200), threading.Lock()
+        self.command, self.proc, self.ended = command, proc, False  # ended: KillShell (or the end of solo) reaped it
+        self.out, self.lock, self.fd, self.pumping = HeadTail(RESULT_LIMIT // 2 - 200), threading.Lock(), \
+            proc.stdout.fileno(), True  # pumping: until every writer has closed the pipe
+        os.set_blocking(self.fd, False)  # a read never waits: take() may have emptied the pipe first
         threading.Thread(target=self.pump, daemon=True).start()
 
     def pump(self) -> None:
-        """Keep what the command writes until it exits (a process it leaves holding the pipe is not waited for)."""
-        fd = self.proc.stdout.fileno()
-        while True:
-            if select.select([fd], [], [], 0.2)[0]:
-                if chunk := os.read(fd, 1 << 16):
-                    with self.lock:
-                        self.out.feed(chunk)
-                    continue
-            elif self.proc.poll() is None:
-                continue
-            code = self.proc.wait()  # the pipe ended, or the shell exited and what it left holds the pipe
+        """Keep what is written to the output until every writer has closed it (not only the shell: what it left)."""
+        while select.select([self.fd], [], [])[0] and self.pull(1 << 16) is not None:
+            pass
+        with self.lock:
+            self.pumping = False
             self.proc.stdout.close()
-            self.code = code
-            return
+
+    def pull(self, size: int) -> int | None:
+        """Read up to `size` bytes the pipe holds now into the output; None at its end."""
+        with self.lock:
+            try:
+                chunk = os.read(self.fd, size) if self.pumping else b""
+            except BlockingIOError:
+                return 0
+            self.out.feed(chunk)
+            return len(chunk) if chunk else None
 
     def take(self) -> tuple[str, str]:
-        """The state (running / exit code) and what arrived since the last take (all of it, once it ended)."""
+        """The state (running / exit code) and what arrived since the last take (once the shell ended, all it wrote:
+        what it left running may write more, read as it comes)."""
         state = self.state()
+        if state != "running" and self.pumping:
+            import fcntl
+            import termios
+            with contextlib.suppress(OSError):  # what the shell wrote before it ended may still be in the pipe
+                self.pull(struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0])
         with self.lock:
             out, self.out = self.out, HeadTail(self.out.keep)
         return state, out.text()
 
+    def exited(self) -> int | None:
+        """The shell's own exit code (minus a signal), asked of its process on every call; None while it runs. Solo's
+        own child stays a zombie until it is ended, so its number, its group's, is nobody else's meanwhile."""
+        proc = self.proc
+        if proc.returncode is not None or not isinstance(proc, subprocess.Popen):
+            return proc.poll()  # the zygote's commands: it reaps them and says so; signal_command has their pidfd
+        try:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return proc.poll()
+        if info is None:
+            return None
+        return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+
     def state(self) -> str:
-        """running, or how it ended."""
-        code = self.code
+        """running, or how the shell's own process ended."""
+        code = self.exited()
         return "running" if code is None else f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
@@ -2628,7 +2653,7 @@ class Shells:
     def start(self, popen: Callable[..., subprocess.Popen], command: str, cwd: Path, env: dict[str, str]) -> str:
         """Start a command in its own process group; its shell id."""
         with self.lock:
-            if sum(shell.code is None for shell in self.shells.values()) >= SHELLS_AT_ONCE:
+            if sum(shell.exited() is None for shell in self.shells.values()) >= SHELLS_AT_ONCE:
                 raise ToolError(f"{SHELLS_AT_ONCE} background shells are running already; end one with KillShell")
             with signals_held():
                 proc = popen(["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -2644,10 +2669,14 @@ class Shells:
         return self.shells[shell_id]
 
     def kill(self, shell_id: str) -> bool:
-        """End a shell and everything in its process group; False when it had exited already."""
+        """End a shell and everything in its process group (what it left writing to its output too); False when the
+        shell itself had exited already."""
         shell = self.get(shell_id)
-        running = shell.code is None and signal_command(shell.proc, signal.SIGKILL)
+        running = shell.exited() is None
+        if running or (shell.pumping and not shell.ended):
+            signal_command(shell.proc, signal.SIGKILL)
         shell.proc.wait()
+        shell.ended = True
         return running
 
     def close(self) -> None:

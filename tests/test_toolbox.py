@@ -274,11 +274,27 @@ def test_background_shell_output_filter_kill_and_bounds(ctx):
     assert run(ctx, "BashOutput", bash_id="bash_9") == "Error: no background shell bash_9; shells: bash_1, bash_2"
     assert run(ctx, "BashOutput", bash_id="bash_1", filter="(") .startswith("Error: filter is not a valid regular")
     run(ctx, "Bash", command="seq 1 200000", run_in_background=True)
-    while ctx.shells.get("bash_3").code is None:
+    while ctx.shells.get("bash_3").exited() is None:
         time.sleep(0.05)
     big = run(ctx, "BashOutput", bash_id="bash_3")
     assert "bytes omitted" in big and big.startswith("1\n2\n") and "200000\n[exit code 0]" in big
     assert len(big) < agent.RESULT_LIMIT
+
+
+def test_a_shell_that_exited_says_so_while_what_it_left_keeps_writing(ctx):
+    """The state is the shell's own process's, asked on every read; the output is read on its own, as it comes."""
+    ctx = ctx._replace(shells=agent.Shells())
+    run(ctx, "Bash", command="(while :; do echo tick; sleep 0.02; done) & seq 1 3000; exit 3", run_in_background=True)
+    seen = poll(ctx, "bash_1", "[exit code 3]")
+    assert re.search(r"^3000$", seen, re.MULTILINE) and seen.endswith("[exit code 3]")  # all it wrote, in that read
+    later = poll(ctx, "bash_1", "tick")
+    assert later.endswith("tick\n[exit code 3]") and not re.search(r"^3000$", later, re.MULTILINE)
+    shell = ctx.shells.get("bash_1")
+    assert run(ctx, "KillShell", shell_id="bash_1") == "bash_1 had already ended (exit code 3)"
+    deadline = time.monotonic() + 10
+    while shell.pumping:  # what it left in its group was ended too: nothing holds the output open any more
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
 
 
 def test_at_most_eight_background_shells_and_all_end_with_solo(ctx):
