@@ -1673,6 +1673,8 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     if encoding.codec != "utf-8" or encoding.bom:
         more += f"\n[{file_path} is {encoding.codec} text{' with a byte-order mark' * bool(encoding.bom)}, shown " \
                 "decoded; Edit and Write keep that encoding]"
+    if path.suffix == ".ipynb" and st.st_size > EDIT_MAX_BYTES:
+        more += f"\n[{file_path} is a notebook over {EDIT_MAX_BYTES // 1_000_000} MB: shown as its JSON text]"
     return "".join(parts) + more
 
 
@@ -2465,7 +2467,10 @@ def drop_images(messages: list[dict], why: str) -> int:
 
 
 def read_notebook(ctx: ToolContext, path: Path) -> str | None:
-    """Read's result for a notebook: its cells with their outputs; None when it is not notebook JSON."""
+    """Read's result for a notebook: its cells with their outputs; None when it is not notebook JSON, or too large to
+    parse whole (over NotebookEdit's cap: Read then streams it as text)."""
+    if path.stat().st_size > EDIT_MAX_BYTES:
+        return None
     try:
         cells = json.loads(path.read_bytes())["cells"]
         assert isinstance(cells, list) and all(isinstance(cell, dict) for cell in cells)
@@ -2546,6 +2551,7 @@ def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "
     if edit_mode not in ("replace", "insert", "delete") or cell_type not in ("", "code", "markdown"):
         raise ToolError("edit_mode is replace, insert or delete; cell_type is code or markdown")
     text = read_small(path, EDIT_MAX_BYTES)
+    bom, text = ("\ufeff", text[1:]) if text.startswith("\ufeff") else ("", text)  # kept as it was
     try:
         notebook, (spans, array) = json.loads(text), json_spans(text)
         cells = notebook["cells"]
@@ -2573,7 +2579,8 @@ def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "
         pieces.insert(index + 1, cell := new_cell(cell_type, source, {"id": os.urandom(4).hex()} if ids else {}))
         done = f"Inserted a {cell_type} cell" + (f" with id {cell['id']}" if ids else "") + (
             f" after cell {cell_id}" if cell_id else " at the top")
-    write_file(ctx, path, splice_cells(text, spans, array, pieces).encode("utf-8", "surrogateescape"), notebook_path)
+    write_file(ctx, path, (bom + splice_cells(text, spans, array, pieces)).encode("utf-8", "surrogateescape"),
+               notebook_path)
     forget_reads(ctx, path)
     return f"{done} in {notebook_path}"
 

@@ -10,6 +10,8 @@ import json
 import os
 import re
 import struct
+import subprocess
+import sys
 import termios
 import threading
 import time
@@ -175,6 +177,43 @@ def test_read_shows_cells_with_bounded_outputs_and_images(ctx):
     assert "characters omitted" in result and len(result) < 3000
     assert result.parts == ({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encoded}"}},)
     assert "[image/png output: PNG image, 2x2 pixels" in result
+
+
+def test_a_cell_whose_source_list_holds_a_number_is_shown(ctx):
+    _, text = notebook(code("odd", ["x = ", 1, "\n", None]), markdown("fine", ["ok"]))
+    (ctx.cwd / "nb.ipynb").write_text(text)
+    assert run(ctx, "Read", file_path="nb.ipynb") == '<cell id="odd" type="code" execution_count=1>\nx = 1\nnull\n' \
+        '</cell>\n<cell id="fine" type="markdown">\nok\n</cell>'
+
+
+def test_a_notebook_with_a_byte_order_mark_is_editable_and_keeps_it(ctx):
+    nb, text = notebook(markdown("a", ["# A"]), code("b", ["x = 1"]))
+    path = ctx.cwd / "nb.ipynb"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert run(ctx, "Read", file_path="nb.ipynb").startswith('<cell id="a" type="markdown">\n# A\n</cell>')
+    assert run(ctx, "NotebookEdit", notebook_path="nb.ipynb", cell_id="a", new_source="# B") == \
+        "Replaced cell a in nb.ipynb"
+    nb["cells"][0]["source"] = ["# B"]
+    assert path.read_bytes() == b"\xef\xbb\xbf" + (json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False)
+                                                   + "\n").encode()
+
+
+def test_a_notebook_over_the_edit_cap_is_read_as_streamed_text(tmp_path):
+    """Parsing a notebook whole costs several times its size: one over NotebookEdit's 20 MB is read as text."""
+    path = tmp_path / "big.ipynb"
+    output = {"output_type": "stream", "name": "stdout", "text": ["y" * 999 + "\n"] * 40_000}  # 40 MB of output
+    path.write_text(notebook(code("big", ["print(y)"], [output]))[1])
+    probe = (f"import resource, json\nfrom app import main as agent\nfrom tests.test_toolbox import run\n"
+             f"ctx = agent.ToolContext(cwd={str(tmp_path)!r}, env={{}})\n"
+             f"before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             f"result = run(ctx, 'Read', file_path='big.ipynb', limit=30)\n"
+             f"print(json.dumps([result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before]))\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                          timeout=120)
+    result, grown_kb = json.loads(done.stdout)
+    assert result.startswith('{\n "cells": [\n  {\n   "cell_type": "code",') and "Use offset=31 to read on." in result
+    assert result.endswith("[big.ipynb is a notebook over 20 MB: shown as its JSON text]")
+    assert grown_kb < 20_000, grown_kb  # parsed whole: over 100 MB
 
 
 @pytest.mark.parametrize("indent", [1, 2])
