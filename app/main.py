@@ -2833,6 +2833,9 @@ def fetch_page(url: str) -> tuple[str, str]:
     raise ToolError(f"{url} redirects too many times")
 
 
+NOT_CHARSETS = {"idna", "punycode", "unicode-escape", "raw-unicode-escape", "undefined"}  # Python's codecs, not a page's
+
+
 def page_body(response: requests.Response, url: str) -> str:
     """A fetched page's text: at most WEB_BYTES read; ToolError for an error status or binary content."""
     if response.status_code >= 400:
@@ -2850,9 +2853,10 @@ def page_body(response: requests.Response, url: str) -> str:
     if not textual or sniff_encoding(data[:SNIFF_BYTES]) is None:
         raise ToolError(f"{url} is {kind.split(';')[0] or 'binary data'} ({len(data)} bytes), not a page to read")
     charset = re.search(r"charset=([\w-]+)", kind)
-    try:
-        text = data[:WEB_BYTES].decode(charset.group(1) if charset else "utf-8", errors="replace")
-    except LookupError:
+    try:  # a charset Python does not know, cannot decode with, or that no page is written in: UTF-8, as browsers do
+        codec = codecs.lookup(charset.group(1) if charset else "utf-8").name
+        text = data[:WEB_BYTES].decode("utf-8" if codec in NOT_CHARSETS else codec, errors="replace")
+    except (LookupError, ValueError):
         text = data[:WEB_BYTES].decode("utf-8", errors="replace")
     text = page_text(text, url) if "html" in kind or re.match(r"\s*<(!doctype|html)", text, re.I) else text
     cut = len(data) > WEB_BYTES or time.monotonic() - started > WEB_SECONDS
@@ -8430,7 +8434,10 @@ class SdkRun:
 
     def set_model(self, request: dict) -> dict:
         """Change the model from the next prompt on (none: the default)."""
-        self.changes["model"] = model_id(str(request.get("model") or DEFAULT_MODEL))
+        if not isinstance(model := request.get("model"), (str, type(None))):
+            raise AgentError("set_model takes a model name (a string) or null for the default, not "
+                             f"{one_line(json.dumps(model), 100)}")
+        self.changes["model"] = model_id(model or DEFAULT_MODEL)
         return {}
 
     def add_hooks(self) -> None:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
 import subprocess
 import time
+import types
 
 import anyio
 import pytest
@@ -399,6 +401,19 @@ def test_the_stdin_thread_routes_prompts_control_requests_and_answers():
                                                   "error": "Unsupported control request subtype: rewind_files"}}]
     with pytest.raises(agent.AgentError, match="stdin is closed"):  # no 60 s wait for an SDK that is gone
         sdk.request("can_use_tool", {})
+
+
+def test_set_model_with_a_value_that_is_not_a_name_is_an_error_answer():
+    run = types.SimpleNamespace(changes={})
+    sdk, out = link([{"type": "control_request", "request_id": f"r{i}", "request": {"subtype": "set_model", **model}}
+                     for i, model in enumerate([{"model": {"a": 1}}, {"model": 7}, {"model": "sonnet"}, {}])],
+                    {"set_model": functools.partial(agent.SdkRun.set_model, run)})
+    sdk.read()
+    answers = [json.loads(line)["response"] for line in out.getvalue().splitlines()]
+    assert [answer.get("error") for answer in answers] == [
+        'set_model takes a model name (a string) or null for the default, not {"a": 1}',
+        "set_model takes a model name (a string) or null for the default, not 7", None, None]
+    assert run.changes == {"model": agent.DEFAULT_MODEL}  # "sonnet", then none: the default
 
 
 def test_user_content_blocks_become_text_and_image_parts():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import io
 import json
 import os
 import re
@@ -399,6 +400,18 @@ MARKDOWN = ("# Install\n\nRun `pip install x`, see [the docs](http://h/docs).\n\
 
 def test_html_becomes_markdown_like_text():
     assert agent.page_text(PAGE, "http://h/page") == MARKDOWN
+
+
+@pytest.mark.parametrize("charset, text", [
+    ("idna", "caf\ufffd \u20ac"), ("punycode", "caf\ufffd \u20ac"), ("unicode_escape", "caf\ufffd \u20ac"),
+    ("undefined", "caf\ufffd \u20ac"), ("x-no-such-thing", "caf\ufffd \u20ac"), ("base64", "caf\ufffd \u20ac"),
+    ("latin-1", "caf\xe9 \xe2\x82\xac"),
+])
+def test_a_page_in_a_charset_nobody_decodes_falls_back_to_utf8(charset, text):
+    response = requests.models.Response()
+    response.status_code, response.raw = 200, io.BytesIO(b"caf\xe9 \xe2\x82\xac")
+    response.headers["Content-Type"] = f"text/plain; charset={charset}"
+    assert agent.page_body(response, "http://h/p") == text
 
 
 @pytest.fixture
