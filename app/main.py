@@ -7312,6 +7312,12 @@ class Display(Reporter):
             self.streams.stderr.write("\r\033[K")
             self.status = False
 
+    def measure(self) -> int:
+        """The terminal's width now (it may have been resized since), else the last one known."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.width = os.get_terminal_size(self.streams.stderr.fileno()).columns or self.width
+        return self.width
+
     def draw(self) -> None:
         """Draw the status line: spinner, what runs, seconds, tokens, how to stop it; not while another thread
         draws or asks (a question holds the lock while it stops the thread that ticks: that must not wait here)."""
@@ -7322,7 +7328,7 @@ class Display(Reporter):
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
                         f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
-                self.streams.stderr.write("\r\033[K" + paint(text[:self.width - 1], "grey"))
+                self.streams.stderr.write("\r\033[K" + paint(text[:self.measure() - 1], "grey"))
                 self.streams.stderr.flush()
                 self.status = True
         except OSError:

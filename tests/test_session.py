@@ -645,6 +645,32 @@ def test_the_status_line_tick_never_waits_for_a_question_on_another_thread(works
     assert not ticked.is_alive()
 
 
+def test_the_status_line_follows_the_terminal_s_width_after_a_resize(workspace):
+    import fcntl
+    import io
+    import pty
+    import struct
+    import termios
+    master, slave = pty.openpty()
+
+    def size(columns: int) -> None:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+
+    def drawn() -> str:
+        display.draw()
+        return os.read(master, 4096).decode().rsplit("\r\033[K", 1)[1]
+
+    size(100)
+    with open(slave, "w", closefd=True) as stderr:
+        display = agent.Display(agent.Config(api_key="k", cwd=workspace), agent.Streams(
+            io.StringIO(), io.StringIO(), stderr), {"TERM": "xterm", "NO_COLOR": "1"})
+        display.fancy, display.activity, display.since = True, "x" * 40, time.monotonic()
+        assert len(drawn()) > 70
+        size(30)
+        assert len(re.sub(r"\033\[[0-9;]*m", "", drawn())) == 29  # cut at the new edge, not the old one
+    os.close(master)
+
+
 PAGER = """#!/bin/sh
 cat
 echo "the pager has the terminal"
