@@ -2352,7 +2352,8 @@ def vet_image(data: bytes, name: str, side: int) -> tuple[str, int, int]:
     except (ValueError, struct.error):
         raise ToolError(f"{name} is not a valid {kind[6:].upper()} image (corrupt or cut short)") from None
     if max(width, height) > side:
-        raise ToolError(f"{name} is an image of {width}x{height} pixels; the model takes at most {side:,} pixels a side")
+        raise ToolError(f"{name} is an image of {width}x{height} pixels; the model takes at most {side:,} pixels a "
+                        "side")
     return kind, width, height
 
 
@@ -2833,7 +2834,7 @@ def fetch_page(url: str) -> tuple[str, str]:
     raise ToolError(f"{url} redirects too many times")
 
 
-NOT_CHARSETS = {"idna", "punycode", "unicode-escape", "raw-unicode-escape", "undefined"}  # Python's codecs, not a page's
+NOT_CHARSETS = {"idna", "punycode", "unicode-escape", "raw-unicode-escape", "undefined"}  # Python's, not a page's
 
 
 def page_body(response: requests.Response, url: str) -> str:
@@ -4693,6 +4694,23 @@ def schema_message(message: dict) -> dict:
     return message
 
 
+def prompt_id(message: dict) -> int:
+    """The identity of a prompt of the user (kept in the transcript, never sent: checkpoints name their prompt by it,
+    which compaction, a resume and a fork keep); 0 for any other message."""
+    value = message.get("prompt_id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def next_prompt_id(messages: list[dict]) -> int:
+    """The identity the next prompt of a conversation gets: one past the highest in it."""
+    return 1 + max((prompt_id(message) for message in messages), default=0)
+
+
+def sendable(message: dict) -> dict:
+    """A message as the API gets it: without the prompt identity solo keeps."""
+    return {k: v for k, v in message.items() if k != "prompt_id"} if "prompt_id" in message else message
+
+
 def build_request(cfg: Config, messages: list[dict], specs: list[dict]) -> dict:
     """The request body; the growing `messages` go last, so each body starts with the whole previous one."""
     body: dict[str, Any] = {"model": cfg.model}
@@ -4708,7 +4726,8 @@ def build_request(cfg: Config, messages: list[dict], specs: list[dict]) -> dict:
                                    "json_schema": {"name": "output", "strict": True, "schema": cfg.json_schema}}
     if cfg.reasoning and not strict:
         body["reasoning"] = cfg.reasoning
-    body["messages"] = [schema_message(m) for m in messages] if strict else messages
+    kept = strict or any("prompt_id" in m for m in messages)  # else the conversation goes as it is
+    body["messages"] = [schema_message(m) if strict else sendable(m) for m in messages] if kept else messages
     return body
 
 
@@ -5535,7 +5554,8 @@ class Compactor:
         kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
         todos = getattr(messages, "todos", None)
         todos = f"\n\n[Your to-do list (TodoWrite):]\n{checklist(todos)}" if todos else ""
-        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}{todos}"}
+        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}{todos}",
+                           **({"prompt_id": last} if (last := max(map(prompt_id, messages[:latest + 1]))) else {})}
         if isinstance(messages, Conversation):
             messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
         messages[1:] = [summary_message, *kept]  # one transcript line: a crash leaves the old or the new, whole
@@ -5673,8 +5693,8 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
             emit({"type": "notice", "text": f"the conversation is too long for the model: replaced {replaced} "
                   "old tool results with a short note and retrying"})
         except ApiError as refusal:  # one bad image must not fail this request and every later one
-            if refusal.status != 400 or dropped or not (dropped := drop_images(messages, f"the provider refused the "
-                                                                                 f"request that carried it ({refusal})")):
+            why = f"the provider refused the request that carried it ({refusal})"
+            if refusal.status != 400 or dropped or not (dropped := drop_images(messages, why)):
                 raise
             emit({"type": "notice", "text": f"the provider refused a request carrying {dropped} image"
                   f"{'s' * (dropped != 1)} ({refusal}): sent again with each replaced by a note"})
@@ -6080,9 +6100,9 @@ class Agent:
         invoked, rest = split_invocation(prompt, self.skills)
         extra = ([f"<stdin>\n{context}\n</stdin>"] if context else []) + \
             ([PLAN_NOTE] if self.cfg.permission_mode == "plan" else [])
-        mark = len(messages)
+        mark, identity = len(messages), {"prompt_id": next_prompt_id(messages)}
         if any(s.fork for s in invoked):  # saved before a sub-agent runs: a crash meanwhile keeps the prompt
-            messages.append({"role": "user", "content": "\n\n".join([prompt, *extra])})
+            messages.append({"role": "user", "content": "\n\n".join([prompt, *extra]), **identity})
         parts = [prompt] if not invoked else [
             f"The skill {s.name} ran as a sub-agent and returned:\n{self.fork(render_skill(s, rest))}"
             if s.fork else render_skill(s, rest) for s in invoked
@@ -6090,7 +6110,8 @@ class Agent:
         hooked = [f"<hook-context>\n{text}\n</hook-context>" for text in [*self.context, verdict.context] if text]
         self.context = []
         text = "\n\n".join(parts + extra + hooked)
-        request = {"role": "user", "content": [{"type": "text", "text": text}, *images] if images else text}
+        request = {"role": "user", "content": [{"type": "text", "text": text}, *images] if images else text,
+                   **identity}
         if len(messages) > mark:
             messages[mark] = request
         else:
