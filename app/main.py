@@ -2430,9 +2430,9 @@ def vetted(part: Any, side: int) -> Any:
     if not (url := image_url_of(part)) or not url.startswith("data:"):
         return part
     try:
-        fixed, _ = vet_url(url, "the image", side)
+        fixed, _ = vet_url(url, "it", side)
     except ToolError as error:
-        return {"type": "text", "text": f"[an image was here; it was not sent: {error}]"}
+        return {"type": "text", "text": f"[an image was not sent: {error}]"}
     return part if fixed == url else {**part, "image_url": {**part["image_url"], "url": fixed}}
 
 

@@ -136,9 +136,8 @@ def test_every_image_is_checked_before_a_request_and_a_bad_one_becomes_a_note(ct
                 {"role": "user", "content": [{"type": "text", "text": "look"}, part(as_png), part(bomb),
                                              part("https://example.org/a.png"), part("data:image/png;base64,@@")]}]
     notes = agent.vet_images(messages, "anthropic/claude-haiku-4.5")
-    assert notes == ["[an image was here; it was not sent: the image is an image of 9000x9000 pixels; the model "
-                     "takes at most 8,000 pixels a side]",
-                     "[an image was here; it was not sent: the image is not valid base64]"]
+    assert notes == ["[an image was not sent: it is an image of 9000x9000 pixels; the model takes at most 8,000 "
+                     "pixels a side]", "[an image was not sent: it is not valid base64]"]
     assert messages[1]["content"][:2] == [{"type": "text", "text": "look"},
                                           part(as_png.replace("image/png", "image/jpeg"))]  # named as its bytes are
     assert messages[1]["content"][2:] == [{"type": "text", "text": notes[0]}, part("https://example.org/a.png"),
