@@ -5266,6 +5266,22 @@ def replay_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> t
     return messages, started, len(data) - len(lines[-1])
 
 
+def replay_checkpoints(entry: dict, kept: list[dict], ids: list[int]) -> list[dict]:
+    """The checkpoints after one more line of a transcript: a message, a change to the messages (`ids`, the identities
+    of their prompts, follows them: a change that drops prompts drops their checkpoints), or a checkpoint (one of
+    an older solo, which named its prompt by a position that compaction moves, is left out)."""
+    if "role" in entry:
+        ids.append(prompt_id(entry))
+    elif entry.get("type") == "set":
+        ids[int(entry["index"])] = prompt_id(entry["message"])
+    elif entry.get("type") == "truncate":
+        ids[int(entry["keep"]):] = [prompt_id(message) for message in entry.get("append") or []]
+        return [c for c in kept if c["prompt_id"] <= max(ids, default=0)]
+    elif entry.get("type") == "checkpoint" and prompt_id(entry):
+        return kept + [entry]
+    return kept
+
+
 UNSTARTED = "Error: the session ended before this tool call ran"
 UNFINISHED = ("Error: the session ended while this tool call was running: it may have done some or all of its work. "
               "Check before repeating it.")
@@ -7271,6 +7287,18 @@ def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
     return path, path.exists(), None
 
 
+def remove_folders(made: Iterable[str]) -> list[str]:
+    """Remove folders a prompt made, with the folders in them, where they are empty now (a file put there since
+    keeps its folder); never through a symlink put in one's place. The ones removed."""
+    removed = []
+    for top in dict.fromkeys(made):
+        for folder, _, _ in os.walk(top, topdown=False) if os.path.realpath(top) == top else []:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+                removed += [folder] * (folder == top)
+    return removed
+
+
 def result_summary(name: str, args: dict, content: str) -> list[str]:
     """A few lines saying what a call gave: output's first and last lines, an error, a Read's range, a count."""
     lines = re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).split("\n")
@@ -7621,18 +7649,18 @@ def narrowed(rows: list[str], words: str) -> list[int]:
 
 
 def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
-    """A transcript's first and last prompt, whether it ended unanswered, and its prompts' checkpoints."""
-    first, last, role, kept = "", "", "", []
+    """A transcript's first and last prompt, whether it ended unanswered, and the checkpoints of the prompts its
+    conversation holds (a compaction keeps them: its summary names the latest prompt it stands for)."""
+    first, last, role, kept, ids = "", "", "", [], []
     with contextlib.suppress(OSError), open(path, "rb") as f:
         for line in f:
-            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-                if line.startswith((b'{"role": ', b'{"type": "checkpoint"', b'{"type": "truncate"')):
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, IndexError):
+                if line.startswith((b'{"role": ', b'{"type": "checkpoint"', b'{"type": "truncate"', b'{"type": "set"')):
                     entry = json.loads(line)
                     role = entry.get("role", role)
                     last = one_line(content_text(entry), 60) if entry.get("role") == "user" else last
                     first = first or last
-                    kept = [c for c in kept if c["prompt"] < entry["keep"]] if entry.get("type") == "truncate" else \
-                        kept + [entry] * (entry.get("type") == "checkpoint")
+                    kept = replay_checkpoints(entry, kept, ids)
     return first, last, role != "assistant", kept
 
 
@@ -7649,7 +7677,7 @@ class Session:
         self.keys = Keys(streams.stdin.fileno() if is_terminal(streams.stdin) else None, self.display, self.expand)
         self.checkpoints: list[dict] = []  # the files Write, Edit and NotebookEdit changed, as before each prompt
         self.pending: list[str] = []  # `!command` outputs that go with the next prompt
-        self.mark, self.prefill, self.history = 0, "", None  # the prompt's index; text for the next prompt
+        self.mark, self.prefill, self.history = 0, "", None  # the prompt's identity; text for the next prompt
         self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
         self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
 
@@ -7666,9 +7694,11 @@ class Session:
         """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
         path, exists, data = file_before(self.agent.cfg.cwd, args)
         path = os.path.realpath(path)  # where Write, Edit and NotebookEdit write: through a symlink, its target
-        if not any(c["prompt"] == self.mark and c["path"] == path for c in self.checkpoints):
-            self.checkpoints.append({"type": "checkpoint", "prompt": self.mark, "path": path,
-                                     "exists": exists, "bytes": data and data.decode("latin-1")})
+        if not any(c["prompt_id"] == self.mark and c["path"] == path for c in self.checkpoints):
+            missing = [str(folder) for folder in Path(path).parents if not os.path.lexists(folder)]
+            self.checkpoints.append({"type": "checkpoint", "prompt_id": self.mark, "path": path, "exists": exists,
+                                     "bytes": data and data.decode("latin-1"), "folder": missing[-1] if missing else
+                                     None})  # folder: the first the prompt creates, to remove it again
             self.messages.note(self.checkpoints[-1])
 
     def setup_readline(self) -> None:
@@ -8099,26 +8129,26 @@ class Session:
     def rewind(self) -> None:
         """Go back to before an earlier prompt: the conversation, the files Write, Edit and NotebookEdit changed, or
         both."""
-        prompts = [(i, m) for i, m in enumerate(self.messages) if m.get("role") == "user"][-9:]
-        changed = [len({c["path"] for c in self.checkpoints if c["prompt"] >= i}) for i, _ in prompts]
+        prompts = [(i, m) for i, m in enumerate(self.messages) if prompt_id(m)][-9:]
+        changed = [len({c["path"] for c in self.checkpoints if c["prompt_id"] >= prompt_id(m)}) for _, m in prompts]
         index, message = prompts[self.pick([visible(one_line(content_text(m), 70)) + (
             f"  [{n} file{'s' * (n != 1)} changed since]" if n else "") for (_, m), n in zip(prompts, changed)],
             "Go back to before which prompt")]
         what = self.choose("Restore the conversation (c), the files (f) or both (b)? ",
                            "Please answer c (conversation), f (files) or b (both): ", ("c", "f", "b"))
         if what in ("f", "b"):
-            self.restore(index)
+            self.restore(prompt_id(message))
         if what in ("c", "b"):
             del self.messages[index:]
-            self.checkpoints = [c for c in self.checkpoints if c["prompt"] < index]
+            self.checkpoints = [c for c in self.checkpoints if c["prompt_id"] < prompt_id(message)]
             self.prefill = content_text(message)
             self.reporter.say("the conversation is back to before that prompt, which is yours to edit and send")
 
-    def restore(self, index: int) -> None:
-        """Put back the files Write, Edit and NotebookEdit changed since prompt `index`, as they were before it (a
-        symlink put in a file's place is replaced, never followed, nor one in its folder's)."""
+    def restore(self, since: int) -> None:
+        """Put back the files Write, Edit and NotebookEdit changed since the prompt of identity `since`, as they were
+        before it (a symlink put in a file's place is replaced, never followed, nor one in its folder's)."""
         kept: dict[str, dict] = {}
-        for checkpoint in [c for c in self.checkpoints if c["prompt"] >= index]:
+        for checkpoint in [c for c in self.checkpoints if c["prompt_id"] >= since]:
             kept.setdefault(checkpoint["path"], checkpoint)  # the first since that prompt: the file as it was
         missed = {path: "too large to keep" for path, c in kept.items() if c["exists"] and c["bytes"] is None}
         for path, c in kept.items():
@@ -8128,13 +8158,16 @@ class Session:
                 if not c["exists"] and os.path.lexists(path):
                     os.unlink(path)
                 elif c["bytes"] is not None:
+                    os.makedirs(folder, exist_ok=True)  # a command deleted it: made again to put the file back
                     st = os.lstat(path) if os.path.lexists(path) else None
                     mode = stat.S_IMODE(st.st_mode) if st and stat.S_ISREG(st.st_mode) else None
                     replace_file(Path(path), c["bytes"].encode("latin-1"), mode)
             except OSError as error:
                 missed[path] = error.strerror or str(error)
         not_done = ", ".join(f"{path} ({why})" for path, why in missed.items())
+        removed = remove_folders(c["folder"] for c in kept.values() if not c["exists"] and c.get("folder"))
         self.reporter.say(f"restored: {', '.join(p for p in kept if p not in missed) or 'no file'}" +
+                          (f"; removed the folders it made: {', '.join(removed)}" if removed else "") +
                           (f"; not restored: {not_done}" if missed else "") +
                           ". Files changed by commands (Bash) are not tracked and were not restored.")
 
@@ -8158,7 +8191,10 @@ class Session:
 
     def resumed(self, path: Path) -> None:
         """Say which session goes on, with its last exchange; take its checkpoints."""
-        self.checkpoints = read_record(path)[3] if self.messages.transcript else []
+        transcript = self.messages.transcript
+        self.checkpoints = read_record(path)[3] if transcript else []
+        for checkpoint in self.checkpoints if transcript and transcript.path != path else []:
+            self.messages.note(checkpoint)  # a fork keeps them in its own transcript
         self.reporter.say(f"resumed {path.stem}: {len(self.messages)} messages")
         prompt = next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
         answer = next((m for m in reversed(self.messages) if m.get("role") == "assistant" and content_text(m)), None)
@@ -8231,15 +8267,15 @@ class Session:
     def run_turn(self, line: str, prompt: str, command: Command | None, granted: list[Rule]) -> None:
         """One prompt's turn, with the custom command's model; an unfinished turn leaves no trace."""
         messages, model = self.messages, self.agent.cfg.model
-        self.mark, compactions = len(messages), messages.compactions
+        start, self.mark, compactions = len(messages), next_prompt_id(messages), messages.compactions
         self.agent.cfg = self.agent.cfg._replace(model=command.model if command and command.model else model)
         try:
             with self.keys.reading():
                 outcome = self.agent.ask(messages, prompt, images=self.pasted_images(line))
         except (KeyboardInterrupt, Exception) as error:  # the session goes on
-            del messages[self.mark if messages.compactions == compactions else messages.floor:]
-            for checkpoint in [c for c in self.checkpoints if c["prompt"] >= len(messages)]:
-                messages.note(checkpoint)  # what the cancelled turn changed stays undoable, after a resume too
+            del messages[start if messages.compactions == compactions else messages.floor:]
+            for checkpoint in [c for c in self.checkpoints if c["prompt_id"] >= next_prompt_id(messages)]:
+                messages.note(checkpoint)  # what the cancelled turn changed stays undoable (with the next prompt's)
             self.display.end_turn()
             self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
             return
