@@ -156,6 +156,8 @@ MODEL_LIST_SECONDS = 86_400  # the model list (context windows, prices) is asked
 SHRINK_ATTEMPTS = 3  # times the conversation is shrunk after a context-length refusal
 STUB_MIN_CHARS = 400  # tool results shorter than this are not worth replacing with a stub
 IMAGE_LIMIT = 5 << 20  # bytes of one image sent to the model
+IMAGE_SIDE, ANTHROPIC_IMAGE_SIDE = 16_384, 8_000  # pixels a side: any model (past this a header lies or
+# is a decompression bomb), Anthropic's models (their API refuses more)
 NOTEBOOK_OUTPUT_LIMIT = 2_000  # characters of one cell output Read shows
 SHELLS_AT_ONCE = 8  # background shells running at one time
 AGENTS_AT_ONCE = 4  # sub-agents of one reply running at one time
@@ -1822,6 +1824,7 @@ class ToolContext(NamedTuple):
     delegate: Callable[..., str] | None = None  # runs a sub-agent (type, description, prompt, call id); None in one
     side: Callable[..., dict] | None = None  # a request beside the conversation (messages, body fields): its reply
     blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
+    image_side: Callable[[], int] | None = None  # the most pixels a side of an image may have for the model in use
     pages: dict | None = None  # the run's fetched pages: URL -> (monotonic time, final URL, text); None: none kept
     call_id: str = ""  # the id of the call being run (a sub-agent's messages name their Agent call)
 
@@ -1984,7 +1987,7 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     with open(path, "rb") as f:
         head = f.read(16)
     if image_type(head):  # a line about it here, the image itself in a message after the results
-        about, part = image_part(path, file_path)
+        about, part = image_part(path, file_path, image_side(ctx))
         check_sight(ctx)
         return attached(f"[{about}; the image follows in the next message]", [part])
     if path.suffix == ".ipynb" and (notebook := read_notebook(ctx, path)) is not None:
@@ -2019,6 +2022,8 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     if encoding.codec != "utf-8" or encoding.bom:
         more += f"\n[{file_path} is {encoding.codec} text{' with a byte-order mark' * bool(encoding.bom)}, shown " \
                 "decoded; Edit and Write keep that encoding]"
+    if path.suffix == ".ipynb" and st.st_size > EDIT_MAX_BYTES:
+        more += f"\n[{file_path} is a notebook over {EDIT_MAX_BYTES // 1_000_000} MB: shown as its JSON text]"
     return "".join(parts) + more
 
 
@@ -2680,38 +2685,92 @@ def check_sight(ctx: ToolContext) -> None:
         raise ToolError(f"the model {model} cannot take images (OpenRouter's model list gives it no image input)")
 
 
-def image_part(path: Path, file_path: str) -> tuple[str, dict]:
-    """An image file as a line describing it and an image_url part; ToolError when too large or corrupt."""
-    size = path.stat().st_size
-    if size > IMAGE_LIMIT:
-        raise ToolError(f"{file_path} is an image of {size} bytes; images over {IMAGE_LIMIT >> 20} MB are not sent")
-    data = path.read_bytes()
-    kind = image_type(data[:16]) or "image/?"
+def side_limit(model: str) -> int:
+    """The most pixels a side of an image may have for a model's provider."""
+    return ANTHROPIC_IMAGE_SIDE if model.lstrip("~").startswith("anthropic/") else IMAGE_SIDE
+
+
+def image_side(ctx: ToolContext) -> int:
+    """The most pixels a side of an image may have for the model in use."""
+    return ctx.image_side() if ctx.image_side else IMAGE_SIDE
+
+
+def too_large(name: str, size: int) -> ToolError:
+    """The error for an image over the byte limit."""
+    return ToolError(f"{name} is an image of {size} bytes; images over {IMAGE_LIMIT >> 20} MB are not sent")
+
+
+def vet_image(data: bytes, name: str, side: int) -> tuple[str, int, int]:
+    """An image's media type, width and height; ToolError saying why it may not be sent: over 5 MB, not a PNG, JPEG,
+    GIF or WebP, corrupt or cut short, or more pixels a side than the model takes."""
+    if len(data) > IMAGE_LIMIT:
+        raise too_large(name, len(data))
+    if not (kind := image_type(data[:16])):
+        raise ToolError(f"{name} is not a PNG, JPEG, GIF or WebP image")
     try:
         width, height = image_size(kind, data)
     except (ValueError, struct.error):
-        raise ToolError(f"{file_path} is not a valid {kind[6:].upper()} image (corrupt or cut short)") from None
+        raise ToolError(f"{name} is not a valid {kind[6:].upper()} image (corrupt or cut short)") from None
+    if max(width, height) > side:
+        raise ToolError(f"{name} is an image of {width}x{height} pixels; the model takes at most {side:,} pixels a "
+                        "side")
+    return kind, width, height
+
+
+def vet_url(url: str, name: str, side: int) -> tuple[str, str]:
+    """A data: URL of an image as it may be sent (naming the media type its bytes have) and a line describing it;
+    ToolError saying why it may not be sent."""
+    import base64
+    import binascii
+    head, _, payload = url.partition(",")
+    if not (head.startswith("data:") and head.endswith(";base64")):
+        raise ToolError(f"{name} is not a base64 data: URL")
+    if (size := len(payload) // 4 * 3 - payload[-2:].count("=")) > IMAGE_LIMIT:  # refused before decoding it
+        raise too_large(name, size)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ToolError(f"{name} is not valid base64") from None
+    kind, width, height = vet_image(data, name, side)
+    url = url if head == f"data:{kind};base64" else f"data:{kind};base64,{payload}"
+    return url, f"{kind[6:].upper()} image, {width}x{height} pixels, {len(data)} bytes"
+
+
+def image_part(path: Path, file_path: str, side: int = IMAGE_SIDE) -> tuple[str, dict]:
+    """An image file as a line describing it and an image_url part; ToolError when it may not be sent."""
+    size = path.stat().st_size
+    if size > IMAGE_LIMIT:
+        raise too_large(file_path, size)
+    data = path.read_bytes()
+    kind, width, height = vet_image(data, file_path, side)
     import base64
     url = f"data:{kind};base64,{base64.b64encode(data).decode()}"
-    return (f"{file_path}: {kind[6:].upper()} image, {width}x{height} pixels, {size} bytes",
+    return (f"{file_path}: {kind[6:].upper()} image, {width}x{height} pixels, {len(data)} bytes",
             {"type": "image_url", "image_url": {"url": url}})
 
 
 def cell_text(value: Any) -> str:
-    """A notebook field that is a string or a list of lines, as one string."""
-    return "".join(value) if isinstance(value, list) else str(value or "")
+    """A notebook field that is a string or a list of lines, as one string (an odd item, a number, as JSON)."""
+    if isinstance(value, list):
+        return "".join(item if isinstance(item, str) else json.dumps(item) for item in value)
+    return str(value or "")
 
 
-def output_text(output: dict, parts: list[dict], sighted: bool) -> str:
-    """One cell output as bounded text; its images go to `parts` when the model can take them."""
+def output_text(output: dict, parts: list[dict], side: int) -> str:
+    """One cell output as bounded text; its images go to `parts` when the model can take them (`side` > 0) and
+    they pass the checks every image passes."""
     data = output.get("data") if isinstance(output.get("data"), dict) else {}
     for kind in ("image/png", "image/jpeg"):
         if kind in data:
-            if not sighted:
+            if not side:
                 return f"[{kind} output: the model cannot take images]"
             encoded = re.sub(r"\s", "", cell_text(data[kind]))
-            parts.append({"type": "image_url", "image_url": {"url": f"data:{kind};base64,{encoded}"}})
-            return f"[{kind} output: image {len(parts)} in the next message]"
+            try:
+                url, about = vet_url(f"data:{kind};base64,{encoded}", f"this {kind} output", side)
+            except ToolError as error:
+                return f"[{kind} output not shown: {error}]"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+            return f"[{kind} output: {about}; image {len(parts)} in the next message]"
     if output.get("output_type") == "error":
         text = f"{output.get('ename')}: {output.get('evalue')}\n" + "\n".join(output.get("traceback") or [])
     else:
@@ -2719,19 +2778,71 @@ def output_text(output: dict, parts: list[dict], sighted: bool) -> str:
     return clip(TERMINAL_CONTROLS.sub("", text), NOTEBOOK_OUTPUT_LIMIT)
 
 
+def image_url_of(part: Any) -> str | None:
+    """The URL of an image_url content part; None for any other part."""
+    image = part.get("image_url") if isinstance(part, dict) and part.get("type") == "image_url" else None
+    return image.get("url") if isinstance(image, dict) and isinstance(image.get("url"), str) else None
+
+
+def vetted(part: Any, side: int) -> Any:
+    """A content part as it may be sent: an image that may not be, a note saying why (a data: URL names the media
+    type its bytes have); other parts, and images at a web address (the provider fetches them), as they are."""
+    if not (url := image_url_of(part)) or not url.startswith("data:"):
+        return part
+    try:
+        fixed, _ = vet_url(url, "it", side)
+    except ToolError as error:
+        return {"type": "text", "text": f"[an image was not sent: {error}]"}
+    return part if fixed == url else {**part, "image_url": {**part["image_url"], "url": fixed}}
+
+
+def vet_images(messages: list[dict], model: str) -> list[str]:
+    """Before a request: every image of the conversation that may not be sent to the model is replaced by a note,
+    in the conversation itself (a transcript keeps it); the notes."""
+    side, notes = side_limit(model), []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if message.get("role") == "user" and isinstance(content, list):
+            parts = [vetted(part, side) for part in content]
+            if changed := [new for new, old in zip(parts, content) if new is not old]:
+                messages[i] = {**message, "content": parts}
+                notes += [new["text"] for new in changed if new.get("type") == "text"]
+    return notes
+
+
+def drop_images(messages: list[dict], why: str) -> int:
+    """Replace the images sent since the model's last reply (every image, when none is that new) with a note saying
+    why; how many were replaced."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    note = {"type": "text", "text": f"[an image was here; it was taken out because {why}]"}
+    for start in (last + 1, 0):
+        count = 0
+        for i in range(start, len(messages)):
+            content = messages[i].get("content")
+            if isinstance(content, list) and any(image_url_of(part) for part in content):
+                count += sum(1 for part in content if image_url_of(part))
+                messages[i] = {**messages[i], "content": [note if image_url_of(part) else part for part in content]}
+        if count:
+            return count
+    return 0
+
+
 def read_notebook(ctx: ToolContext, path: Path) -> str | None:
-    """Read's result for a notebook: its cells with their outputs; None when it is not notebook JSON."""
+    """Read's result for a notebook: its cells with their outputs; None when it is not notebook JSON, or too large to
+    parse whole (over NotebookEdit's cap: Read then streams it as text)."""
+    if path.stat().st_size > EDIT_MAX_BYTES:
+        return None
     try:
         cells = json.loads(path.read_bytes())["cells"]
         assert isinstance(cells, list) and all(isinstance(cell, dict) for cell in cells)
     except (ValueError, KeyError, TypeError, AssertionError):
         return None
-    shown, parts, sighted = [], [], not (ctx.blind and ctx.blind())
+    shown, parts, side = [], [], 0 if ctx.blind and ctx.blind() else image_side(ctx)
     for index, cell in enumerate(cells):
         count = f" execution_count={cell['execution_count']}" if cell.get("execution_count") is not None else ""
         shown.append(f'<cell id="{cell.get("id") or f"cell-{index}"}" type="{cell.get("cell_type")}"{count}>\n'
                      f"{cell_text(cell.get('source'))}")
-        outputs = [output_text(o, parts, sighted) for o in cell.get("outputs") or [] if isinstance(o, dict)]
+        outputs = [output_text(o, parts, side) for o in cell.get("outputs") or [] if isinstance(o, dict)]
         shown += [f"<output>\n{text.rstrip(chr(10))}\n</output>" for text in outputs if text]
         shown.append("</cell>")
     text = "\n".join(shown) or "(the notebook has no cells)"
@@ -2801,6 +2912,7 @@ def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "
     if edit_mode not in ("replace", "insert", "delete") or cell_type not in ("", "code", "markdown"):
         raise ToolError("edit_mode is replace, insert or delete; cell_type is code or markdown")
     text = read_small(path, EDIT_MAX_BYTES)
+    bom, text = ("\ufeff", text[1:]) if text.startswith("\ufeff") else ("", text)  # kept as it was
     try:
         notebook, (spans, array) = json.loads(text), json_spans(text)
         cells = notebook["cells"]
@@ -2828,7 +2940,8 @@ def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "
         pieces.insert(index + 1, cell := new_cell(cell_type, source, {"id": os.urandom(4).hex()} if ids else {}))
         done = f"Inserted a {cell_type} cell" + (f" with id {cell['id']}" if ids else "") + (
             f" after cell {cell_id}" if cell_id else " at the top")
-    write_file(ctx, path, splice_cells(text, spans, array, pieces).encode("utf-8", "surrogateescape"), notebook_path)
+    write_file(ctx, path, (bom + splice_cells(text, spans, array, pieces)).encode("utf-8", "surrogateescape"),
+               notebook_path)
     forget_reads(ctx, path)
     return f"{done} in {notebook_path}"
 
@@ -2837,34 +2950,43 @@ def tool_notebook_edit(ctx: ToolContext, notebook_path: str, new_source: str = "
 
 
 class Shell:
-    """A command running in the background: its process, and its output since the last read (head and tail)."""
+    """A command running in the background: its process, and its output since the last read (head and tail), read by
+    a thread of its own for as long as anything (the shell, or what it left running) holds the pipe open."""
 
     def __init__(self, command: str, proc: subprocess.Popen, watch: Callable[[], None] | None = None):
-        self.command, self.proc, self.code = command, proc, None  # code: set once it exited and its output is in
-        self.out, self.lock, self.watch = HeadTail(RESULT_LIMIT // 2 - 200), threading.Lock(), watch
+        self.command, self.proc, self.ended = command, proc, False  # ended: KillShell (or the end of solo) reaped it
+        self.out, self.lock, self.fd, self.pumping = HeadTail(RESULT_LIMIT // 2 - 200), threading.Lock(), \
+            proc.stdout.fileno(), True  # pumping: until every writer has closed the pipe
+        self.watch = watch
+        os.set_blocking(self.fd, False)  # a read never waits: take() may have emptied the pipe first
         threading.Thread(target=self.pump, daemon=True).start()
 
     def pump(self) -> None:
-        """Keep what the command writes until it exits (a process it leaves holding the pipe is not waited for);
-        `watch` runs when it wrote (at most every 0.2 s) and when it ends."""
-        fd, watched, owed = self.proc.stdout.fileno(), 0.0, False
+        """Keep what is written to the output until every writer has closed it (not only the shell: what it left);
+        `watch` runs when it wrote (at most every 0.2 s) and at the end."""
+        watched, owed = 0.0, False
         while True:
             if owed and time.monotonic() - watched >= 0.2:
                 self.check()
                 watched, owed = time.monotonic(), False
-            if select.select([fd], [], [], 0.2)[0]:
-                if chunk := os.read(fd, 1 << 16):
-                    with self.lock:
-                        self.out.feed(chunk)
-                    owed = self.watch is not None
-                    continue
-            elif self.proc.poll() is None:
-                continue
-            code = self.proc.wait()  # the pipe ended, or the shell exited and what it left holds the pipe
+            if select.select([self.fd], [], [], 0.2)[0]:
+                if self.pull(1 << 16) is None:
+                    break
+                owed = self.watch is not None
+        with self.lock:
+            self.pumping = False
             self.proc.stdout.close()
-            self.check()
-            self.code = code
-            return
+        self.check()
+
+    def pull(self, size: int) -> int | None:
+        """Read up to `size` bytes the pipe holds now into the output; None at its end."""
+        with self.lock:
+            try:
+                chunk = os.read(self.fd, size) if self.pumping else b""
+            except BlockingIOError:
+                return 0
+            self.out.feed(chunk)
+            return len(chunk) if chunk else None
 
     def check(self) -> None:
         """Run `watch` (the guard's look), which must not end the thread that keeps the output."""
@@ -2873,15 +2995,35 @@ class Shell:
                 self.watch()
 
     def take(self) -> tuple[str, str]:
-        """The state (running / exit code) and what arrived since the last take (all of it, once it ended)."""
+        """The state (running / exit code) and what arrived since the last take (once the shell ended, all it wrote:
+        what it left running may write more, read as it comes)."""
         state = self.state()
+        if state != "running" and self.pumping:
+            import fcntl
+            import termios
+            with contextlib.suppress(OSError):  # what the shell wrote before it ended may still be in the pipe
+                self.pull(struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0])
         with self.lock:
             out, self.out = self.out, HeadTail(self.out.keep)
         return state, out.text()
 
+    def exited(self) -> int | None:
+        """The shell's own exit code (minus a signal), asked of its process on every call; None while it runs. Solo's
+        own child stays a zombie until it is ended, so its number, its group's, is nobody else's meanwhile."""
+        proc = self.proc
+        if proc.returncode is not None or not isinstance(proc, subprocess.Popen):
+            return proc.poll()  # the zygote's commands: it reaps them and says so; signal_command has their pidfd
+        try:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return proc.poll()
+        if info is None:
+            return None
+        return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+
     def state(self) -> str:
-        """running, or how it ended."""
-        code = self.code
+        """running, or how the shell's own process ended."""
+        code = self.exited()
         return "running" if code is None else f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
@@ -2896,7 +3038,7 @@ class Shells:
               watch: Callable[[], None] | None = None) -> str:
         """Start a command in its own process group (`watch` runs at its events: see Shell.pump); its shell id."""
         with self.lock:
-            if sum(shell.code is None for shell in self.shells.values()) >= SHELLS_AT_ONCE:
+            if sum(shell.exited() is None for shell in self.shells.values()) >= SHELLS_AT_ONCE:
                 raise ToolError(f"{SHELLS_AT_ONCE} background shells are running already; end one with KillShell")
             with signals_held():
                 proc = popen(["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -2912,10 +3054,14 @@ class Shells:
         return self.shells[shell_id]
 
     def kill(self, shell_id: str) -> bool:
-        """End a shell and everything in its process group; False when it had exited already."""
+        """End a shell and everything in its process group (what it left writing to its output too); False when the
+        shell itself had exited already."""
         shell = self.get(shell_id)
-        running = shell.code is None and signal_command(shell.proc, signal.SIGKILL)
+        running = shell.exited() is None
+        if running or (shell.pumping and not shell.ended):
+            signal_command(shell.proc, signal.SIGKILL)
         shell.proc.wait()
+        shell.ended = True
         return running
 
     def close(self) -> None:
@@ -5048,6 +5194,23 @@ def schema_message(message: dict) -> dict:
     return message
 
 
+def prompt_id(message: dict) -> int:
+    """The identity of a prompt of the user (kept in the transcript, never sent: checkpoints name their prompt by it,
+    which compaction, a resume and a fork keep); 0 for any other message."""
+    value = message.get("prompt_id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def next_prompt_id(messages: list[dict]) -> int:
+    """The identity the next prompt of a conversation gets: one past the highest in it."""
+    return 1 + max((prompt_id(message) for message in messages), default=0)
+
+
+def sendable(message: dict) -> dict:
+    """A message as the API gets it: without the prompt identity solo keeps."""
+    return {k: v for k, v in message.items() if k != "prompt_id"} if "prompt_id" in message else message
+
+
 def build_request(cfg: Config, messages: list[dict], specs: list[dict]) -> dict:
     """The request body; the growing `messages` go last, so each body starts with the whole previous one."""
     body: dict[str, Any] = {"model": cfg.model}
@@ -5063,7 +5226,8 @@ def build_request(cfg: Config, messages: list[dict], specs: list[dict]) -> dict:
                                    "json_schema": {"name": "output", "strict": True, "schema": cfg.json_schema}}
     if cfg.reasoning and not strict:
         body["reasoning"] = cfg.reasoning
-    body["messages"] = [schema_message(m) for m in messages] if strict else messages
+    kept = strict or any("prompt_id" in m for m in messages)  # else the conversation goes as it is
+    body["messages"] = [schema_message(m) if strict else sendable(m) for m in messages] if kept else messages
     return body
 
 
@@ -5602,6 +5766,22 @@ def replay_transcript(data: bytes, path: Path, warn: Callable[[str], None]) -> t
     return messages, started, len(data) - len(lines[-1])
 
 
+def replay_checkpoints(entry: dict, kept: list[dict], ids: list[int]) -> list[dict]:
+    """The checkpoints after one more line of a transcript: a message, a change to the messages (`ids`, the identities
+    of their prompts, follows them: a change that drops prompts drops their checkpoints), or a checkpoint (one of
+    an older solo, which named its prompt by a position that compaction moves, is left out)."""
+    if "role" in entry:
+        ids.append(prompt_id(entry))
+    elif entry.get("type") == "set":
+        ids[int(entry["index"])] = prompt_id(entry["message"])
+    elif entry.get("type") == "truncate":
+        ids[int(entry["keep"]):] = [prompt_id(message) for message in entry.get("append") or []]
+        return [c for c in kept if c["prompt_id"] <= max(ids, default=0)]
+    elif entry.get("type") == "checkpoint" and prompt_id(entry):
+        return kept + [entry]
+    return kept
+
+
 UNSTARTED = "Error: the session ended before this tool call ran"
 UNFINISHED = ("Error: the session ended while this tool call was running: it may have done some or all of its work. "
               "Check before repeating it.")
@@ -5890,7 +6070,8 @@ class Compactor:
         kept = next((tail[i:] for i in starts if estimate_tokens(tail[i:]) <= window // 4), [])
         todos = getattr(messages, "todos", None)
         todos = f"\n\n[Your to-do list (TodoWrite):]\n{checklist(todos)}" if todos else ""
-        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}{todos}"}
+        summary_message = {"role": "user", "content": f"{COMPACTED}\n{summary}\n\n{LATEST}\n{request}{todos}",
+                           **({"prompt_id": last} if (last := max(map(prompt_id, messages[:latest + 1]))) else {})}
         if isinstance(messages, Conversation):
             messages.note({"type": "compact", "trigger": trigger, "tokens_before": tokens})
         messages[1:] = [summary_message, *kept]  # one transcript line: a crash leaves the old or the new, whole
@@ -6008,7 +6189,10 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
                   emit: Callable[[dict], None], compactor: Compactor | None = None, tokens: int = 0) -> dict:
     """One reply from the model; a conversation refused as too long is compacted (or, failing that, its old
     tool results are cut) and sent again, a few times at most."""
+    dropped = 0
     for attempt in itertools.count():
+        for note in vet_images(messages, cfg.model):
+            emit({"type": "notice", "text": note.strip("[]")})
         body = build_request(cfg, messages, specs)
         emit({"type": "request", "body": body})
         try:
@@ -6024,6 +6208,12 @@ def request_reply(cfg: Config, messages: list[dict], specs: list[dict], model: C
                 raise
             emit({"type": "notice", "text": f"the conversation is too long for the model: replaced {replaced} "
                   "old tool results with a short note and retrying"})
+        except ApiError as refusal:  # one bad image must not fail this request and every later one
+            why = f"the provider refused the request that carried it ({refusal})"
+            if refusal.status != 400 or dropped or not (dropped := drop_images(messages, why)):
+                raise
+            emit({"type": "notice", "text": f"the provider refused a request carrying {dropped} image"
+                  f"{'s' * (dropped != 1)} ({refusal}): sent again with each replaced by a note"})
     raise AssertionError("unreachable")
 
 
@@ -6266,7 +6456,8 @@ class Agent:
         tool_env = {**given, **({"TMPDIR": str(self.scratch)} if self.scratch else {})}
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
-                               delegate=self.delegate, side=self.side, blind=self.blind, pages={}, zygote=self.zygote)
+                               delegate=self.delegate, side=self.side, blind=self.blind, pages={}, zygote=self.zygote,
+                               image_side=lambda: side_limit(self.cfg.model))
         project = project_servers(self.trust.servers, env, cfg.pass_env, self.notice)
         self.servers = start_mcp(cfg, [*cfg.mcp, *project], tool_env, emit, sandbox.spawner if sandbox else
                                  self.zygote, relay)  # confined too; relay: SDK mode's in-process servers
@@ -6454,9 +6645,9 @@ class Agent:
         invoked, rest = split_invocation(prompt, self.skills)
         extra = ([f"<stdin>\n{context}\n</stdin>"] if context else []) + \
             ([PLAN_NOTE] if self.cfg.permission_mode == "plan" else [])
-        mark = len(messages)
+        mark, identity = len(messages), {"prompt_id": next_prompt_id(messages)}
         if any(s.fork for s in invoked):  # saved before a sub-agent runs: a crash meanwhile keeps the prompt
-            messages.append({"role": "user", "content": "\n\n".join([prompt, *extra])})
+            messages.append({"role": "user", "content": "\n\n".join([prompt, *extra]), **identity})
         parts = [prompt] if not invoked else [
             f"The skill {s.name} ran as a sub-agent and returned:\n{self.fork(render_skill(s, rest))}"
             if s.fork else render_skill(s, rest) for s in invoked
@@ -6464,7 +6655,8 @@ class Agent:
         hooked = [f"<hook-context>\n{text}\n</hook-context>" for text in [*self.context, verdict.context] if text]
         self.context = []
         text = "\n\n".join(parts + extra + hooked)
-        request = {"role": "user", "content": [{"type": "text", "text": text}, *images] if images else text}
+        request = {"role": "user", "content": [{"type": "text", "text": text}, *images] if images else text,
+                   **identity}
         if len(messages) > mark:
             messages[mark] = request
         else:
@@ -7627,6 +7819,18 @@ def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
     return path, path.exists(), None
 
 
+def remove_folders(made: Iterable[str]) -> list[str]:
+    """Remove folders a prompt made, with the folders in them, where they are empty now (a file put there since
+    keeps its folder); never through a symlink put in one's place. The ones removed."""
+    removed = []
+    for top in dict.fromkeys(made):
+        for folder, _, _ in os.walk(top, topdown=False) if os.path.realpath(top) == top else []:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+                removed += [folder] * (folder == top)
+    return removed
+
+
 def result_summary(name: str, args: dict, content: str) -> list[str]:
     """A few lines saying what a call gave: output's first and last lines, an error, a Read's range, a count."""
     lines = re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).split("\n")
@@ -7689,6 +7893,12 @@ class Display(Reporter):
             self.streams.stderr.write("\r\033[K")
             self.status = False
 
+    def measure(self) -> int:
+        """The terminal's width now (it may have been resized since), else the last one known."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.width = os.get_terminal_size(self.streams.stderr.fileno()).columns or self.width
+        return self.width
+
     def draw(self) -> None:
         """Draw the status line: spinner, what runs, seconds, tokens, how to stop it; not while another thread
         draws or asks (a question holds the lock while it stops the thread that ticks: that must not wait here)."""
@@ -7699,7 +7909,7 @@ class Display(Reporter):
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
                         f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
-                self.streams.stderr.write("\r\033[K" + paint(text[:self.width - 1], "grey"))
+                self.streams.stderr.write("\r\033[K" + paint(text[:self.measure() - 1], "grey"))
                 self.streams.stderr.flush()
                 self.status = True
         except OSError:
@@ -8201,18 +8411,18 @@ def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str
 
 
 def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
-    """A transcript's first and last prompt, whether it ended unanswered, and its prompts' checkpoints."""
-    first, last, role, kept = "", "", "", []
+    """A transcript's first and last prompt, whether it ended unanswered, and the checkpoints of the prompts its
+    conversation holds (a compaction keeps them: its summary names the latest prompt it stands for)."""
+    first, last, role, kept, ids = "", "", "", [], []
     with contextlib.suppress(OSError), open(path, "rb") as f:
         for line in f:
-            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-                if line.startswith((b'{"role": ', b'{"type": "checkpoint"', b'{"type": "truncate"')):
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, IndexError):
+                if line.startswith((b'{"role": ', b'{"type": "checkpoint"', b'{"type": "truncate"', b'{"type": "set"')):
                     entry = json.loads(line)
                     role = entry.get("role", role)
                     last = one_line(content_text(entry), 60) if entry.get("role") == "user" else last
                     first = first or last
-                    kept = [c for c in kept if c["prompt"] < entry["keep"]] if entry.get("type") == "truncate" else \
-                        kept + [entry] * (entry.get("type") == "checkpoint")
+                    kept = replay_checkpoints(entry, kept, ids)
     return first, last, role != "assistant", kept
 
 
@@ -8252,9 +8462,11 @@ class Commands:
         """Keep a file as it was before this prompt's first change, in the transcript too (bytes as Latin-1)."""
         path, exists, data = file_before(self.agent.cfg.cwd, args)
         path = os.path.realpath(path)  # where Write, Edit and NotebookEdit write: through a symlink, its target
-        if not any(c["prompt"] == self.session.mark and c["path"] == path for c in self.checkpoints):
-            self.checkpoints.append({"type": "checkpoint", "prompt": self.session.mark, "path": path,
-                                     "exists": exists, "bytes": data and data.decode("latin-1")})
+        if not any(c["prompt_id"] == self.session.mark and c["path"] == path for c in self.checkpoints):
+            missing = [str(folder) for folder in Path(path).parents if not os.path.lexists(folder)]
+            self.checkpoints.append({"type": "checkpoint", "prompt_id": self.session.mark, "path": path,
+                                     "exists": exists, "bytes": data and data.decode("latin-1"),
+                                     "folder": missing[-1] if missing else None})  # the first it makes: removed again
             self.session.messages.note(self.checkpoints[-1])
 
     def clear(self) -> None:
@@ -8376,26 +8588,26 @@ class Commands:
     def rewind(self) -> None:
         """Go back to before an earlier prompt: the conversation, the files Write, Edit and NotebookEdit changed, or
         both."""
-        prompts = [(i, m) for i, m in enumerate(self.session.messages) if m.get("role") == "user"][-9:]
-        changed = [len({c["path"] for c in self.checkpoints if c["prompt"] >= i}) for i, _ in prompts]
+        prompts = [(i, m) for i, m in enumerate(self.session.messages) if prompt_id(m)][-9:]
+        changed = [len({c["path"] for c in self.checkpoints if c["prompt_id"] >= prompt_id(m)}) for _, m in prompts]
         index, message = prompts[self.picker.pick([visible(one_line(content_text(m), 70)) + (
             f"  [{n} file{'s' * (n != 1)} changed since]" if n else "") for (_, m), n in zip(prompts, changed)],
             "Go back to before which prompt")]
         what = self.editor.choose("Restore the conversation (c), the files (f) or both (b)? ",
                                   "Please answer c (conversation), f (files) or b (both): ", ("c", "f", "b"))
         if what in ("f", "b"):
-            self.restore(index)
+            self.restore(prompt_id(message))
         if what in ("c", "b"):
             del self.session.messages[index:]
-            self.checkpoints = [c for c in self.checkpoints if c["prompt"] < index]
+            self.checkpoints = [c for c in self.checkpoints if c["prompt_id"] < prompt_id(message)]
             self.editor.prefill = content_text(message)
             self.reporter.say("the conversation is back to before that prompt, which is yours to edit and send")
 
-    def restore(self, index: int) -> None:
-        """Put back the files Write, Edit and NotebookEdit changed since prompt `index`, as they were before it (a
-        symlink put in a file's place is replaced, never followed, nor one in its folder's)."""
+    def restore(self, since: int) -> None:
+        """Put back the files Write, Edit and NotebookEdit changed since the prompt of identity `since`, as they were
+        before it (a symlink put in a file's place is replaced, never followed, nor one in its folder's)."""
         kept: dict[str, dict] = {}
-        for checkpoint in [c for c in self.checkpoints if c["prompt"] >= index]:
+        for checkpoint in [c for c in self.checkpoints if c["prompt_id"] >= since]:
             kept.setdefault(checkpoint["path"], checkpoint)  # the first since that prompt: the file as it was
         missed = {path: "too large to keep" for path, c in kept.items() if c["exists"] and c["bytes"] is None}
         for path, c in kept.items():
@@ -8405,13 +8617,16 @@ class Commands:
                 if not c["exists"] and os.path.lexists(path):
                     os.unlink(path)
                 elif c["bytes"] is not None:
+                    os.makedirs(folder, exist_ok=True)  # a command deleted it: made again to put the file back
                     st = os.lstat(path) if os.path.lexists(path) else None
                     mode = stat.S_IMODE(st.st_mode) if st and stat.S_ISREG(st.st_mode) else None
                     replace_file(Path(path), c["bytes"].encode("latin-1"), mode)
             except OSError as error:
                 missed[path] = error.strerror or str(error)
         not_done = ", ".join(f"{path} ({why})" for path, why in missed.items())
+        removed = remove_folders(c["folder"] for c in kept.values() if not c["exists"] and c.get("folder"))
         self.reporter.say(f"restored: {', '.join(p for p in kept if p not in missed) or 'no file'}" +
+                          (f"; removed the folders it made: {', '.join(removed)}" if removed else "") +
                           (f"; not restored: {not_done}" if missed else "") +
                           ". Files changed by commands (Bash) are not tracked and were not restored.")
 
@@ -8437,6 +8652,8 @@ class Commands:
         """Say which session goes on, with its last exchange; take its checkpoints."""
         messages = self.session.messages
         self.checkpoints = read_record(path)[3] if messages.transcript else []
+        for checkpoint in self.checkpoints if messages.transcript and messages.transcript.path != path else []:
+            messages.note(checkpoint)  # a fork keeps them in its own transcript
         self.reporter.say(f"resumed {path.stem}: {len(messages)} messages")
         prompt = next((m for m in reversed(messages) if m.get("role") == "user"), None)
         answer = next((m for m in reversed(messages) if m.get("role") == "assistant" and content_text(m)), None)
@@ -8459,7 +8676,7 @@ class Session:
         self.editor = LineEditor(streams, self.display, self.keys, self.expand, first)
         self.picker = Picker(self.editor, env)
         self.pending: list[str] = []  # `!command` outputs that go with the next prompt
-        self.mark = 0  # the index of this prompt in the conversation
+        self.mark = 0  # the identity of this prompt (see prompt_id)
         self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
         self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
         self.commands = Commands(self)
@@ -8621,15 +8838,15 @@ class Session:
     def run_turn(self, line: str, prompt: str, command: Command | None, granted: list[Rule]) -> None:
         """One prompt's turn, with the custom command's model; an unfinished turn leaves no trace."""
         messages, model = self.messages, self.agent.cfg.model
-        self.mark, compactions = len(messages), messages.compactions
+        start, self.mark, compactions = len(messages), next_prompt_id(messages), messages.compactions
         self.agent.cfg = self.agent.cfg._replace(model=command.model if command and command.model else model)
         try:
             with self.keys.reading():
                 outcome = self.agent.ask(messages, prompt, images=self.pasted_images(line))
         except (KeyboardInterrupt, Exception) as error:  # the session goes on
-            del messages[self.mark if messages.compactions == compactions else messages.floor:]
-            for checkpoint in [c for c in self.commands.checkpoints if c["prompt"] >= len(messages)]:
-                messages.note(checkpoint)  # what the cancelled turn changed stays undoable, after a resume too
+            del messages[start if messages.compactions == compactions else messages.floor:]
+            for checkpoint in [c for c in self.commands.checkpoints if c["prompt_id"] >= next_prompt_id(messages)]:
+                messages.note(checkpoint)  # what the cancelled turn changed stays undoable (with the next prompt's)
             self.display.end_turn()
             self.reporter.say("cancelled" if isinstance(error, KeyboardInterrupt) else exit_status(error)[1])
             return
@@ -8862,8 +9079,9 @@ class SdkRun:
 
     def set_model(self, request: dict) -> dict:
         """Change the model from the next prompt on (none: the default)."""
-        if (model := request.get("model")) is not None and not isinstance(model, str):
-            raise AgentError(f"the model must be a string, not {type(model).__name__}")
+        if not isinstance(model := request.get("model"), (str, type(None))):
+            raise AgentError("set_model takes a model name (a string) or null for the default, not "
+                             f"{one_line(json.dumps(model), 100)}")
         self.changes["model"] = model_id(model or DEFAULT_MODEL)
         return {}
 

@@ -647,6 +647,24 @@ def test_ending_a_background_shell_never_hits_a_process_that_took_its_number(con
         victim.wait()
 
 
+def test_a_confined_shell_that_exited_says_so_while_what_it_left_keeps_writing(confined):
+    """The state is the shell's own process's (the zygote reports it), not whether its output is still open."""
+    ctx = confined._replace(shells=agent.Shells())
+    shell = ctx.shells.get(ctx.shells.start(agent.starter(ctx), "(while :; do echo x; sleep 0.02; done) & echo started; "
+                                            "exit 4", ctx.cwd, ctx.env))
+    deadline, seen = time.monotonic() + 10, ""
+    while not seen.endswith("exit code 4"):
+        assert time.monotonic() < deadline, seen
+        state, text = shell.take()
+        seen += text + state
+        time.sleep(0.05)
+    assert "started" in seen and shell.pumping  # the output goes on: what the shell left still writes to it
+    ctx.shells.close()  # and ending the shell ends what it left in its group
+    while shell.pumping:
+        assert time.monotonic() < deadline + 10
+        time.sleep(0.02)
+
+
 def test_before_linux_6_9_a_command_is_signalled_by_group_only_while_it_runs(confined, monkeypatch):
     """Without PIDFD_SIGNAL_PROCESS_GROUP (EINVAL), the group is signalled by number only while its leader runs
     (its number is then still its own); once the leader ended, nothing is sent."""

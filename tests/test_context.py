@@ -542,7 +542,8 @@ def test_usage_past_80_percent_compacts_before_the_next_request(serve, run, work
     entries = [json.loads(line) for line in transcripts[0].read_text().splitlines()]
     assert {"type": "compact", "trigger": "auto", "tokens_before": 17_000} in entries
     resumed, _ = agent.read_transcript(transcripts[0].read_bytes(), transcripts[0], print)
-    assert resumed[:4] == after and resumed[4]["content"] == "done"
+    assert [agent.sendable(m) for m in resumed[:4]] == after and resumed[4]["content"] == "done"
+    assert resumed[1]["prompt_id"] == 1  # the summary names the prompt it stands for; the API never sees it
 
 
 def test_the_window_from_the_model_list_triggers_compaction(serve, run, workspace):

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
 import subprocess
 import time
+import types
 
 import anyio
 import pytest
@@ -426,7 +428,7 @@ def test_bad_stdin_lines_each_fail_alone_and_the_run_goes_on(serve, run, workspa
     assert "not an object" in results[0][1] and "not an object" in results[1][1]
     assert results[2][1] == "ok: caf\ufffd" and results[3][1] == "ok: last"
     answer = next(e["response"] for e in events if e["type"] == "control_response")
-    assert answer["subtype"] == "error" and "must be a string" in answer["error"]
+    assert answer["subtype"] == "error" and "takes a model name (a string)" in answer["error"]
     assert [body["model"] for body in server.bodies] == ["anthropic/claude-haiku-4.5"] * 2
     assert result.stderr.count("skipped a line of stdin") == 1
 
@@ -452,6 +454,19 @@ def test_the_reader_ends_the_queue_whatever_ends_it():
     with pytest.raises(MemoryError):
         sdk.read()
     assert sdk.prompts.get(timeout=1) is None and slot.is_set() and sdk.closed
+
+
+def test_set_model_with_a_value_that_is_not_a_name_is_an_error_answer():
+    run = types.SimpleNamespace(changes={})
+    sdk, out = link([{"type": "control_request", "request_id": f"r{i}", "request": {"subtype": "set_model", **model}}
+                     for i, model in enumerate([{"model": {"a": 1}}, {"model": 7}, {"model": "sonnet"}, {}])],
+                    {"set_model": functools.partial(agent.SdkRun.set_model, run)})
+    sdk.read()
+    answers = [json.loads(line)["response"] for line in out.getvalue().splitlines()]
+    assert [answer.get("error") for answer in answers] == [
+        'set_model takes a model name (a string) or null for the default, not {"a": 1}',
+        "set_model takes a model name (a string) or null for the default, not 7", None, None]
+    assert run.changes == {"model": agent.DEFAULT_MODEL}  # "sonnet", then none: the default
 
 
 def test_user_content_blocks_become_text_and_image_parts():

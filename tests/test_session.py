@@ -572,6 +572,83 @@ def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, ter
     term.expect("did one with 5 messages")
 
 
+def six_files(body: dict) -> dict:
+    """A model whose prompt "make X" writes X.txt, and which summarises when asked to compact."""
+    if body["messages"][0]["content"] == agent.SUMMARY_SYSTEM:
+        return reply("the user had a.txt to e.txt made")
+    prompt = user_turns(body)[-1]
+    if body["messages"][-1]["role"] == "user" and prompt.startswith("make "):
+        return reply(tool_calls=[call("Write", {"file_path": f"{prompt[5]}.txt", "content": f"made by {prompt}\n"})])
+    return reply(f"did {prompt}")
+
+
+def rewind_to(term, prompt: str, what: str) -> str:
+    """Esc Esc, pick the row of `prompt` by its number, restore `what`; what the list showed."""
+    term.send("/rewind\r")
+    shown = term.expect(r"Go back to before which prompt \(1-\d+\)\? ")
+    term.send(re.search(rf"(\d+)\. {prompt}", shown).group(1) + "\r")
+    term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
+    term.send(f"{what}\r")
+    return shown + term.expect(PROMPT)
+
+
+@pytest.mark.parametrize("resume", [[], [["-c"]], [["-c", "--fork-session"], ["-c"]]])
+def test_rewind_after_a_compaction_touches_only_the_files_since_the_chosen_prompt(serve, terminal, workspace, resume):
+    """Checkpoints name their prompt by an identity that compaction, a resume and a fork keep: rewinding to before
+    prompt 6 puts back f.txt alone, never the files of prompts 1 to 5, which compaction moved."""
+    server = serve(six_files)
+    term = terminal(server, "--yes")
+    for letter in "abcde":
+        term.ask(f"make {letter}", f"did make {letter}")
+    term.send("/compact\r")
+    term.expect(PROMPT)
+    term.ask("make f", "did make f")
+    for args in resume:  # then the fork is resumed in its turn: its transcript has the checkpoints too
+        term.send("\x04")
+        assert term.wait() == 0
+        term = terminal(server, "--yes", *args, first="resumed [0-9a-f-]+: ")
+        term.expect(PROMPT)
+    shown = rewind_to(term, "make f", "f")
+    assert re.search(r"\d+\. make f  \[1 file changed since\]", shown), shown
+    assert "restored: " + str(workspace / "f.txt") in shown
+    assert sorted(p.name for p in workspace.glob("*.txt")) == ["a.txt", "b.txt", "c.txt", "d.txt", "e.txt"]
+    assert all((workspace / f"{x}.txt").read_text() == f"made by make {x}\n" for x in "abcde")
+    shown = rewind_to(term, re.escape("[This conversation was compacted"), "f")  # the summary stands for prompt 5
+    assert re.search(r"\d+\. \[This conversation was compacted.*  \[2 files changed since\]", shown), shown
+    assert sorted(p.name for p in workspace.glob("*.txt")) == ["a.txt", "b.txt", "c.txt", "d.txt"]
+    term.send("\x04")
+    assert term.wait() == 0
+
+
+def test_rewind_removes_the_folders_a_prompt_made_and_makes_again_one_a_command_deleted(serve, terminal, workspace):
+    (workspace / "docs").mkdir()
+    (workspace / "docs" / "readme.txt").write_text("original\n")
+    calls = [call("Write", {"file_path": "docs/readme.txt", "content": "changed\n"}),
+             call("Write", {"file_path": "new/deep/x.txt", "content": "x\n"}),
+             call("Write", {"file_path": "new/y.txt", "content": "y\n"}), call("Bash", {"command": "rm -r docs"})]
+    server = serve(lambda body: reply(tool_calls=calls) if body["messages"][-1]["role"] == "user" else reply("done"))
+    term = terminal(server, "--yes")
+    term.ask("go", "done")
+    assert not (workspace / "docs").exists() and (workspace / "new" / "deep" / "x.txt").exists()
+    shown = rewind_to(term, "go", "f")
+    assert f"removed the folders it made: {workspace / 'new'}" in shown.replace("\r\n", " ")
+    assert (workspace / "docs" / "readme.txt").read_text() == "original\n"
+    assert sorted(p.name for p in workspace.iterdir()) == ["app", "docs"]
+
+
+def test_rewind_keeps_a_folder_it_made_where_a_file_was_put_since(tmp_path):
+    said: list[str] = []
+    (tmp_path / "made" / "inner").mkdir(parents=True)
+    (tmp_path / "made" / "inner" / "new.txt").write_text("new")
+    (tmp_path / "made" / "yours.txt").write_text("put there since")
+    session = type("S", (), {"reporter": type("R", (), {"say": staticmethod(said.append)})(), "checkpoints": [
+        {"prompt_id": 1, "path": str(tmp_path / "made" / "inner" / "new.txt"), "exists": False, "bytes": None,
+         "folder": str(tmp_path / "made")}]})()
+    agent.Session.restore(session, 1)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["made", "made/yours.txt"]
+    assert said[0].startswith(f"restored: {tmp_path}/made/inner/new.txt. Files changed by commands")
+
+
 def test_rewind_restores_notebooks_byte_for_byte_after_a_resume_even_deleted_or_symlinked(serve, terminal, workspace):
     cell = {"cell_type": "code", "execution_count": 1, "id": "c1", "metadata": {}, "outputs": [], "source": ["x = 1"]}
     original = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1) + "\n"
@@ -623,9 +700,9 @@ def test_rewind_says_which_files_it_could_not_put_back(tmp_path):
     said: list[str] = []
     (tmp_path / "now-a-folder").mkdir()
     session = type("S", (), {"reporter": type("R", (), {"say": staticmethod(said.append)})(), "checkpoints": [
-        {"prompt": 1, "path": str(tmp_path / "now-a-folder"), "exists": True, "bytes": "old"},
-        {"prompt": 1, "path": str(tmp_path / "big"), "exists": True, "bytes": None},
-        {"prompt": 1, "path": str(tmp_path / "made"), "exists": False, "bytes": None}]})()
+        {"prompt_id": 1, "path": str(tmp_path / "now-a-folder"), "exists": True, "bytes": "old"},
+        {"prompt_id": 1, "path": str(tmp_path / "big"), "exists": True, "bytes": None},
+        {"prompt_id": 1, "path": str(tmp_path / "made"), "exists": False, "bytes": None}]})()
     agent.Commands.restore(session, 0)
     assert said == [(f"restored: {tmp_path}/made; not restored: {tmp_path}/big (too large to keep), {tmp_path}/"
                      "now-a-folder (Is a directory). Files changed by commands (Bash) are not tracked and were not "
@@ -640,8 +717,8 @@ def test_rewind_never_writes_through_a_folder_put_in_a_symlink_s_place(tmp_path)
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "sub").symlink_to(tmp_path / "outside")
     session = type("S", (), {"reporter": type("R", (), {"say": staticmethod(said.append)})(), "checkpoints": [
-        {"prompt": 1, "path": str(tmp_path / "project" / "sub" / "keys"), "exists": True, "bytes": "planted"},
-        {"prompt": 1, "path": str(tmp_path / "project" / "sub" / "made"), "exists": False, "bytes": None}]})()
+        {"prompt_id": 1, "path": str(tmp_path / "project" / "sub" / "keys"), "exists": True, "bytes": "planted"},
+        {"prompt_id": 1, "path": str(tmp_path / "project" / "sub" / "made"), "exists": False, "bytes": None}]})()
     (tmp_path / "outside" / "made").write_text("theirs")
     agent.Commands.restore(session, 0)
     assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == ["made"]
@@ -690,6 +767,32 @@ def test_the_status_line_tick_never_waits_for_a_question_on_another_thread(works
     ticked.join(5)
     answered.set()
     assert not ticked.is_alive()
+
+
+def test_the_status_line_follows_the_terminal_s_width_after_a_resize(workspace):
+    import fcntl
+    import io
+    import pty
+    import struct
+    import termios
+    master, slave = pty.openpty()
+
+    def size(columns: int) -> None:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+
+    def drawn() -> str:
+        display.draw()
+        return os.read(master, 4096).decode().rsplit("\r\033[K", 1)[1]
+
+    size(100)
+    with open(slave, "w", closefd=True) as stderr:
+        display = agent.Display(agent.Config(api_key="k", cwd=workspace), agent.Streams(
+            io.StringIO(), io.StringIO(), stderr), {"TERM": "xterm", "NO_COLOR": "1"})
+        display.fancy, display.activity, display.since = True, "x" * 40, time.monotonic()
+        assert len(drawn()) > 70
+        size(30)
+        assert len(re.sub(r"\033\[[0-9;]*m", "", drawn())) == 29  # cut at the new edge, not the old one
+    os.close(master)
 
 
 PAGER = """#!/bin/sh

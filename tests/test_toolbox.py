@@ -4,12 +4,16 @@ end against the fake OpenRouter."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
+import io
 import json
 import os
 import re
 import struct
+import subprocess
+import sys
 import termios
 import threading
 import time
@@ -90,6 +94,59 @@ def test_images_follow_all_tool_messages_of_a_reply(ctx):
     assert [p["type"] for p in messages[2]["content"]] == ["text", "image_url"]
 
 
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims a size (checksums right, no pixel data): what a decompression bomb looks like."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + \
+        chunk(b"IEND", b"")
+
+
+def test_images_larger_than_the_model_takes_are_errors(ctx):
+    (ctx.cwd / "bomb.png").write_bytes(png_claiming(100_000, 100_000))
+    (ctx.cwd / "wide.png").write_bytes(png_claiming(9_000, 10))
+    assert run(ctx, "Read", file_path="bomb.png") == \
+        "Error: bomb.png is an image of 100000x100000 pixels; the model takes at most 16,384 pixels a side"
+    assert isinstance(run(ctx, "Read", file_path="wide.png"), agent.Attached)
+    anthropic = ctx._replace(image_side=lambda: agent.side_limit("anthropic/claude-haiku-4.5"))
+    assert run(anthropic, "Read", file_path="wide.png") == \
+        "Error: wide.png is an image of 9000x10 pixels; the model takes at most 8,000 pixels a side"
+
+
+def test_notebook_output_images_pass_the_same_checks_as_any_image(ctx):
+    big = png(1, 1)[:-12] + b"\0" * (5 << 20) + png(1, 1)[-12:]
+    outputs = [{"output_type": "display_data", "data": {"image/png": base64.b64encode(data).decode()}}
+               for data in (big, png(4, 4)[:-6], png_claiming(100_000, 100_000), b"GIF89a not a png", png(3, 1))]
+    _, text = notebook(code("plots", ["plot()"], outputs))
+    (ctx.cwd / "nb.ipynb").write_text(text)
+    result = run(ctx._replace(image_side=lambda: 8000), "Read", file_path="nb.ipynb")
+    assert "[image/png output not shown: this image/png output is an image of 5242949 bytes; images over 5 MB" in result
+    assert "[image/png output not shown: this image/png output is not a valid PNG image (corrupt or cut short)]" in result
+    assert "is an image of 100000x100000 pixels; the model takes at most 8,000 pixels a side]" in result
+    assert "[image/png output: GIF image" not in result and "output is not a valid GIF image" in result
+    assert "[image/png output: PNG image, 3x1 pixels, " in result and "; image 1 in the next message]" in result
+    assert [part["image_url"]["url"] for part in result.parts] == \
+        ["data:image/png;base64," + base64.b64encode(png(3, 1)).decode()]
+
+
+def test_every_image_is_checked_before_a_request_and_a_bad_one_becomes_a_note(ctx):
+    def part(url: str) -> dict:
+        return {"type": "image_url", "image_url": {"url": url}}
+    as_png = "data:image/png;base64," + base64.b64encode(jpeg(10, 10)).decode()
+    bomb = "data:image/png;base64," + base64.b64encode(png_claiming(9_000, 9_000)).decode()
+    messages = [{"role": "system", "content": "s"},
+                {"role": "user", "content": [{"type": "text", "text": "look"}, part(as_png), part(bomb),
+                                             part("https://example.org/a.png"), part("data:image/png;base64,@@")]}]
+    notes = agent.vet_images(messages, "anthropic/claude-haiku-4.5")
+    assert notes == ["[an image was not sent: it is an image of 9000x9000 pixels; the model takes at most 8,000 "
+                     "pixels a side]", "[an image was not sent: it is not valid base64]"]
+    assert messages[1]["content"][:2] == [{"type": "text", "text": "look"},
+                                          part(as_png.replace("image/png", "image/jpeg"))]  # named as its bytes are
+    assert messages[1]["content"][2:] == [{"type": "text", "text": notes[0]}, part("https://example.org/a.png"),
+                                          {"type": "text", "text": notes[1]}]
+    assert agent.vet_images(messages, "openai/gpt-4o") == []  # the notes stay; nothing left to check
+
+
 # --- Notebooks ------------------------------------------------------------------------------------
 
 
@@ -109,8 +166,9 @@ def markdown(cell_id: str, source: list[str]) -> dict:
 
 
 def test_read_shows_cells_with_bounded_outputs_and_images(ctx):
-    image = {"output_type": "display_data", "data": {"image/png": "iVBORw0K\n", "text/plain": ["<Figure>"]},
-             "metadata": {}}
+    encoded = base64.b64encode(png(2, 2)).decode()
+    image = {"output_type": "display_data", "data": {"image/png": encoded[:20] + "\n" + encoded[20:],
+                                                     "text/plain": ["<Figure>"]}, "metadata": {}}
     _, text = notebook(markdown("intro", ["# Title\n", "Some text"]),
                        code("run", ["print('x' * 5000)"], [{"output_type": "stream", "name": "stdout",
                                                            "text": ["x" * 5000 + "\n"]}, image]))
@@ -119,7 +177,45 @@ def test_read_shows_cells_with_bounded_outputs_and_images(ctx):
     assert result.startswith('<cell id="intro" type="markdown">\n# Title\nSome text\n</cell>\n'
                              '<cell id="run" type="code" execution_count=1>\nprint(')
     assert "characters omitted" in result and len(result) < 3000
-    assert result.parts == ({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}},)
+    assert result.parts == ({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encoded}"}},)
+    assert "[image/png output: PNG image, 2x2 pixels" in result
+
+
+def test_a_cell_whose_source_list_holds_a_number_is_shown(ctx):
+    _, text = notebook(code("odd", ["x = ", 1, "\n", None]), markdown("fine", ["ok"]))
+    (ctx.cwd / "nb.ipynb").write_text(text)
+    assert run(ctx, "Read", file_path="nb.ipynb") == '<cell id="odd" type="code" execution_count=1>\nx = 1\nnull\n' \
+        '</cell>\n<cell id="fine" type="markdown">\nok\n</cell>'
+
+
+def test_a_notebook_with_a_byte_order_mark_is_editable_and_keeps_it(ctx):
+    nb, text = notebook(markdown("a", ["# A"]), code("b", ["x = 1"]))
+    path = ctx.cwd / "nb.ipynb"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert run(ctx, "Read", file_path="nb.ipynb").startswith('<cell id="a" type="markdown">\n# A\n</cell>')
+    assert run(ctx, "NotebookEdit", notebook_path="nb.ipynb", cell_id="a", new_source="# B") == \
+        "Replaced cell a in nb.ipynb"
+    nb["cells"][0]["source"] = ["# B"]
+    assert path.read_bytes() == b"\xef\xbb\xbf" + (json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False)
+                                                   + "\n").encode()
+
+
+def test_a_notebook_over_the_edit_cap_is_read_as_streamed_text(tmp_path):
+    """Parsing a notebook whole costs several times its size: one over NotebookEdit's 20 MB is read as text."""
+    path = tmp_path / "big.ipynb"
+    output = {"output_type": "stream", "name": "stdout", "text": ["y" * 999 + "\n"] * 40_000}  # 40 MB of output
+    path.write_text(notebook(code("big", ["print(y)"], [output]))[1])
+    probe = (f"import resource, json\nfrom app import main as agent\nfrom tests.test_toolbox import run\n"
+             f"ctx = agent.ToolContext(cwd={str(tmp_path)!r}, env={{}})\n"
+             f"before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             f"result = run(ctx, 'Read', file_path='big.ipynb', limit=30)\n"
+             f"print(json.dumps([result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before]))\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                          timeout=120)
+    result, grown_kb = json.loads(done.stdout)
+    assert result.startswith('{\n "cells": [\n  {\n   "cell_type": "code",') and "Use offset=31 to read on." in result
+    assert result.endswith("[big.ipynb is a notebook over 20 MB: shown as its JSON text]")
+    assert grown_kb < 20_000, grown_kb  # parsed whole: over 100 MB
 
 
 @pytest.mark.parametrize("indent", [1, 2])
@@ -219,11 +315,27 @@ def test_background_shell_output_filter_kill_and_bounds(ctx):
     assert run(ctx, "BashOutput", bash_id="bash_9") == "Error: no background shell bash_9; shells: bash_1, bash_2"
     assert run(ctx, "BashOutput", bash_id="bash_1", filter="(") .startswith("Error: filter is not a valid regular")
     run(ctx, "Bash", command="seq 1 200000", run_in_background=True)
-    while ctx.shells.get("bash_3").code is None:
+    while ctx.shells.get("bash_3").exited() is None:
         time.sleep(0.05)
     big = run(ctx, "BashOutput", bash_id="bash_3")
     assert "bytes omitted" in big and big.startswith("1\n2\n") and "200000\n[exit code 0]" in big
     assert len(big) < agent.RESULT_LIMIT
+
+
+def test_a_shell_that_exited_says_so_while_what_it_left_keeps_writing(ctx):
+    """The state is the shell's own process's, asked on every read; the output is read on its own, as it comes."""
+    ctx = ctx._replace(shells=agent.Shells())
+    run(ctx, "Bash", command="(while :; do echo tick; sleep 0.02; done) & seq 1 3000; exit 3", run_in_background=True)
+    seen = poll(ctx, "bash_1", "[exit code 3]")
+    assert re.search(r"^3000$", seen, re.MULTILINE) and seen.endswith("[exit code 3]")  # all it wrote, in that read
+    later = poll(ctx, "bash_1", "tick")
+    assert later.endswith("tick\n[exit code 3]") and not re.search(r"^3000$", later, re.MULTILINE)
+    shell = ctx.shells.get("bash_1")
+    assert run(ctx, "KillShell", shell_id="bash_1") == "bash_1 had already ended (exit code 3)"
+    deadline = time.monotonic() + 10
+    while shell.pumping:  # what it left in its group was ended too: nothing holds the output open any more
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
 
 
 def test_at_most_eight_background_shells_and_all_end_with_solo(ctx):
@@ -289,6 +401,18 @@ MARKDOWN = ("# Install\n\nRun `pip install x`, see [the docs](http://h/docs).\n\
 
 def test_html_becomes_markdown_like_text():
     assert agent.page_text(PAGE, "http://h/page") == MARKDOWN
+
+
+@pytest.mark.parametrize("charset, text", [
+    ("idna", "caf\ufffd \u20ac"), ("punycode", "caf\ufffd \u20ac"), ("unicode_escape", "caf\ufffd \u20ac"),
+    ("undefined", "caf\ufffd \u20ac"), ("x-no-such-thing", "caf\ufffd \u20ac"), ("base64", "caf\ufffd \u20ac"),
+    ("latin-1", "caf\xe9 \xe2\x82\xac"),
+])
+def test_a_page_in_a_charset_nobody_decodes_falls_back_to_utf8(charset, text):
+    response = requests.models.Response()
+    response.status_code, response.raw = 200, io.BytesIO(b"caf\xe9 \xe2\x82\xac")
+    response.headers["Content-Type"] = f"text/plain; charset={charset}"
+    assert agent.page_body(response, "http://h/p") == text
 
 
 @pytest.fixture
@@ -605,6 +729,36 @@ def test_images_reach_the_request_body_and_a_blind_model_is_told(serve, run, wor
         else:
             assert messages[-1]["content"] == "Error: the model anthropic/claude-haiku-4.5 cannot take images " \
                                               "(OpenRouter's model list gives it no image input)"
+
+
+def test_a_refused_image_costs_only_that_image_in_this_run_and_the_next(serve, run, workspace):
+    (workspace / "odd.png").write_bytes(png(2, 3))
+
+    def model(body: dict) -> dict:
+        if any(isinstance(m["content"], list) and any(p["type"] == "image_url" for p in m["content"])
+               for m in body["messages"]):
+            return Raw(400, {"error": {"code": 400, "message": "Could not process image"}})
+        if body["messages"][-1]["role"] == "user" and "look" in str(body["messages"][-1]["content"]):
+            return reply(tool_calls=[call("Read", {"file_path": "odd.png"})])
+        return reply("done")
+
+    server = serve(model)
+    first = run(["-p", "look"], cwd=workspace, base_url=server.url)
+    assert first.code == 0 and first.stdout == "done\n", first.stderr
+    assert "the provider refused a request carrying 1 image (HTTP 400: Could not process image)" in first.stderr
+    assert len(server.bodies) == 3  # the prompt, the refused request, the same without its image
+    note = server.bodies[2]["messages"][-1]["content"]
+    assert note[1] == {"type": "text", "text": "[an image was here; it was taken out because the provider refused "
+                                               "the request that carried it (HTTP 400: Could not process image)]"}
+    again = run(["-c", "-p", "and now?"], cwd=workspace, base_url=server.url)
+    assert again.code == 0 and again.stdout == "done\n", again.stderr
+    assert len(server.bodies) == 4 and note in [m["content"] for m in server.bodies[3]["messages"]]
+
+
+def test_a_request_refused_without_images_is_not_sent_again(serve, run, workspace):
+    server = serve(lambda body: Raw(400, {"error": {"code": 400, "message": "Bad request"}}))
+    result = run(["-p", "hi"], cwd=workspace, base_url=server.url)
+    assert result.code == 1 and "HTTP 400: Bad request" in result.stderr and len(server.bodies) == 1
 
 
 def test_the_first_request_with_every_tool_stays_under_9_kb(serve, run, workspace):

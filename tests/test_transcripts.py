@@ -62,8 +62,14 @@ def entries(path: Path) -> list[dict]:
 
 
 def messages_of(path: Path) -> list[dict]:
-    """A transcript's message lines in order (events and side chains left out)."""
-    return [e for e in entries(path) if "role" in e]
+    """A transcript's message lines in order, as the API gets them (events, side chains and the identities of the
+    prompts left out: `prompt_ids` reads those)."""
+    return [agent.sendable(e) for e in entries(path) if "role" in e]
+
+
+def prompt_ids(path: Path) -> list[int]:
+    """The identities of a transcript's prompts, in order."""
+    return [e["prompt_id"] for e in entries(path) if "prompt_id" in e]
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -219,7 +225,7 @@ def test_a_torn_last_line_is_skipped_with_one_warning(serve, run, workspace, tor
     assert resumed.stderr.count("unfinished last line") == 1 and str(path) in resumed.stderr
     assert user_turns(server.bodies[-1]) == ["first", "second"]
     data = path.read_bytes()
-    assert data.startswith(whole + b'{"role": "user", "content": "second"}\n')  # the torn bytes are gone
+    assert data.startswith(whole + b'{"role": "user", "content": "second", "prompt_id": 2}\n')  # the torn bytes are gone
     assert messages_of(path)[-2:] == [{"role": "user", "content": "second"},
                                       {"role": "assistant", "content": "answer to second"}]
     again = run(["-c", "-p", "third"], cwd=workspace, base_url=server.url)
@@ -243,6 +249,7 @@ def test_fork_session_copies_the_history_under_a_new_id(serve, run, workspace):
         assert entries(new)[0]["type"] == "header" and entries(new)[0]["session_id"] == result["session_id"]
         answer = {"role": "assistant", "content": "answer to second"}
         assert messages_of(new) == server.bodies[-1]["messages"] + [answer]
+        assert prompt_ids(new) == [1, 2]  # a fork keeps the identities of the prompts it copies and goes on from them
         assert old.read_bytes() == before  # the session forked from is untouched
     assert GOOD in forks and len(forks) == 3
     assert set(transcripts(workspace)) == {first["session_id"], *forks}
@@ -382,8 +389,8 @@ def test_each_prompt_of_a_p_run_is_saved_as_sent(serve, run, workspace):
     sent = server.bodies[-1]["messages"]
     started = {"type": "started", "tool_call_ids": [sent[2]["tool_calls"][0]["id"]]}
     usage = [line for line in lines if line.get("type") == "assistant"]  # one per reply, in Claude Code's shape
-    assert [line for line in lines[1:] if line not in usage] == sent[:3] + [started] + sent[3:] + [
-        {"role": "assistant", "content": "done first"}]
+    assert [line for line in lines[1:] if line not in usage] == sent[:1] + [{**sent[1], "prompt_id": 1}] + \
+        sent[2:3] + [started] + sent[3:] + [{"role": "assistant", "content": "done first"}]  # and the prompt's identity
     assert len(usage) == 2 and {u["sessionId"] for u in usage} == {path.stem} and usage[0]["costUSD"] == 0.001
     assert usage[0]["message"]["usage"] == {"input_tokens": 30, "cache_creation_input_tokens": 20,
                                             "cache_read_input_tokens": 50, "output_tokens": 10}
@@ -898,4 +905,5 @@ def test_a_crash_in_a_forked_skill_keeps_the_prompt(serve, fork_workspace, tmp_p
         bot.ask(bot.conversation(), "/audit *.py")
     bot.transcript.close()
     path = agent.Sessions(cfg).find(None)
-    assert agent.read_transcript(path.read_bytes(), path, print)[0][1:] == [{"role": "user", "content": "/audit *.py"}]
+    assert agent.read_transcript(path.read_bytes(), path, print)[0][1:] == [{"role": "user", "content": "/audit *.py",
+                                                                             "prompt_id": 1}]
