@@ -23,7 +23,7 @@ import pytest
 from app import main as agent
 from tests.conftest import PROGRAM
 from tests.fake_openrouter import call, reply
-from tests.test_confinement import as_nobody
+from tests.test_confinement import as_nobody, readable_code
 from tests.test_sandbox import confined, no_namespaces, private_tmp, real  # noqa: F401 (fixtures)
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@example.com", "GIT_COMMITTER_NAME": "u",
@@ -117,7 +117,7 @@ def session(serve, base: Path, user: list[str], wrap: tuple[str, ...], during: b
     env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="sk-test-secret-123", HOME=str(home),
                TMPDIR=str(base / "tmp"), **GIT_ENV)
     (base / "tmp").mkdir()
-    program = as_nobody() if user else [str(PROGRAM)]
+    program = as_nobody(readable_code(base / "code")) if user else [str(PROGRAM)]
     proc = subprocess.run([*user, *wrap, *program, "-p", "go", "--sandbox", "workspace-write",
                            "--no-session-persistence"], cwd=ws, env=env, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
