@@ -217,6 +217,8 @@ class Config(NamedTuple):
     permission_prompt: str = ""  # stdio: SDK mode asks the SDK's can_use_tool callback where a session asks the user
     replay_user_messages: bool = False  # SDK mode: each prompt read is echoed as a user event
     include_hook_events: bool = False  # stream-json: a line as each hook starts and answers
+    agents: tuple[tuple[str, dict], ...] = ()  # --agents and the SDK's agents: sub-agent types beside .claude/agents
+    await_initialize: bool = False  # SDK mode: the SDK's initialize request comes first and shapes the run
 
 
 # --- Errors ---------------------------------------------------------------------------------------
@@ -2798,9 +2800,36 @@ def load_agent_type(file: Path) -> AgentType:
     return AgentType(fields.get("name") or file.stem, description, body, tools, model)
 
 
-def discover_agents(folders: list[Path], warn: Callable[[str], None]) -> dict[str, AgentType]:
-    """general-purpose and the types under each folder's .claude/agents, earlier folders winning on a name clash."""
-    types = {GENERAL_AGENT.name: GENERAL_AGENT}
+def defined_agent(name: str, spec: Any) -> AgentType:
+    """A sub-agent type a program defines (--agents, the SDK's agents) with Claude Code's fields; ValueError when one
+    is missing or of the wrong kind."""
+    if not isinstance(spec, dict) or not all(isinstance(spec.get(key), str) for key in ("description", "prompt")):
+        raise ValueError(f"agent {name!r} needs a description and a prompt")
+    tools = spec.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, str) for tool in tools)):
+        raise ValueError(f"agent {name!r}: tools is a list of tool names")
+    model = spec.get("model") if isinstance(spec.get("model"), str) else ""
+    return AgentType(name, one_line(spec["description"].strip(), 300), spec["prompt"],
+                     None if tools is None else tuple(tools), "" if model.strip() in ("", "inherit") else model_id(model))
+
+
+def agent_specs(given: Any, origin: str) -> tuple[tuple[str, dict], ...]:
+    """The sub-agent types of --agents' JSON text or the SDK's object, each checked; UsageError naming `origin`."""
+    try:
+        specs = {} if given is None else json.loads(given) if isinstance(given, str) else given
+        assert isinstance(specs, dict), "not a JSON object of agents by name"
+        for name, spec in specs.items():
+            defined_agent(name, spec)
+    except (ValueError, AssertionError) as error:
+        raise UsageError(f"{origin}: {error}") from None
+    return tuple(specs.items())
+
+
+def discover_agents(folders: list[Path], warn: Callable[[str], None],
+                    defined: tuple[tuple[str, dict], ...] = ()) -> dict[str, AgentType]:
+    """general-purpose, the types a program defined (they win, as in Claude Code) and those under each folder's
+    .claude/agents, earlier folders winning on a name clash."""
+    types = {GENERAL_AGENT.name: GENERAL_AGENT, **{name: defined_agent(name, spec) for name, spec in defined}}
     for file in (file for base in folders for file in sorted((base / ".claude" / "agents").glob("*.md"))):
         try:
             types.setdefault((kind := load_agent_type(file)).name, kind)
@@ -5745,7 +5774,7 @@ class Agent:
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
-        self.agent_types = discover_agents([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
+        self.agent_types = discover_agents([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice, cfg.agents)
         if "Agent" in self.tools and len(self.agent_types) > 1:
             self.tools["Agent"] = self.tools["Agent"]._replace(description=self.tools["Agent"].description + "".join(
                 f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
@@ -6070,6 +6099,8 @@ def add_run_options(add: Callable[..., Any]) -> None:
     """The options of the SDK's protocol, sessions, MCP servers, permissions, the sandbox and settings."""
     add("--permission-prompt-tool", metavar="NAME", help="stdio: ask the Agent SDK's can_use_tool callback")
     add("--include-hook-events", action="store_true", help="stream-json: a line as each hook starts and answers")
+    add("--await-initialize", action="store_true", help="stream-json: wait for the SDK's initialize request")
+    add("--agents", metavar="JSON", help='sub-agent types: {"NAME": {"description", "prompt", "tools", "model"}}')
     add("--replay-user-messages", action="store_true", help="stream-json: echo each prompt read on stdin")
     add("--dangerously-skip-permissions", dest="yes", action="store_true", help="the same as --yes")
     add("--trace", metavar="FILE", help="write every request, reply and tool call as JSON lines")
@@ -6285,8 +6316,8 @@ def sdk_settings(args: argparse.Namespace) -> dict:
     return {"input_format": args.input_format, "json_schema": schema, "reasoning": reasoning_settings(args),
             "system_prompt": prompt_file(args.system_prompt_file) or (args.system_prompt or "").strip(),
             "fallback_model": model_id(args.fallback_model or ""), "replay_user_messages": args.replay_user_messages,
-            "include_hook_events": args.include_hook_events,
-            "permission_prompt": args.permission_prompt_tool or ""}
+            "include_hook_events": args.include_hook_events, "agents": agent_specs(args.agents, "--agents"),
+            "permission_prompt": args.permission_prompt_tool or "", "await_initialize": args.await_initialize}
 
 
 class Streams(NamedTuple):
@@ -6447,7 +6478,8 @@ def init_event(cfg: Config, agent: Agent, mode: str) -> dict:
     return {"type": "system", "subtype": "init", "cwd": str(cfg.cwd), "session_id": cfg.session_id,
             "tools": list(agent.tools), "mcp_servers": servers, "model": cfg.model, "permissionMode": mode,
             "slash_commands": skills, "apiKeySource": "OPENROUTER_API_KEY", "claude_code_version": CLAUDE_CODE_PROTOCOL,
-            "output_style": "default", "agents": [], "skills": skills, "plugins": [], "sandbox": cfg.sandbox,
+            "output_style": "default", "agents": list(agent.agent_types), "skills": skills, "plugins": [],
+            "sandbox": cfg.sandbox,
             "version": VERSION, "uuid": new_uuid()}
 
 
@@ -6841,6 +6873,15 @@ def stopped_message(outcome: Outcome) -> str:
     return f"stopped: the {limit} limit was reached after {outcome.turns} turn{'s' * (outcome.turns != 1)}"
 
 
+def expand_command(agent: Agent, prompt: str) -> tuple[str, str]:
+    """A prompt that starts with a custom command's /name as that command's prompt, and the model the command asks
+    for ("": the run's)."""
+    if command := agent.commands.get(prompt.partition(" ")[0][1:]) if prompt.startswith("/") else None:
+        return render_command(command, prompt.partition(" ")[2], agent.cfg.cwd,
+                              functools.partial(inline_output, agent)), command.model
+    return prompt, ""
+
+
 def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams, started: float,
              resume: Path | None = None, fork: bool = False) -> int:
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
@@ -6854,9 +6895,8 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     outcome, error, code, failure = None, "", EXIT_OK, None
     try:
         conversation = agent.conversation(resume, fork)
-        if command := agent.commands.get(prompt.partition(" ")[0][1:]) if prompt.startswith("/") else None:
-            prompt = render_command(command, prompt.partition(" ")[2], cfg.cwd, functools.partial(inline_output, agent))
-            agent.cfg = cfg._replace(model=command.model or cfg.model)
+        prompt, model = expand_command(agent, prompt)
+        agent.cfg = cfg._replace(model=model or cfg.model)
         outcome = agent.ask(conversation, prompt, context)
     except (AgentError, KeyboardInterrupt, Terminated) as exc:
         (code, error), failure = exit_status(exc), exc
@@ -8173,6 +8213,44 @@ class SdkLink:
         return response.get("response") if isinstance(response.get("response"), dict) else {}
 
 
+def initialize_config(cfg: Config, request: dict, env: dict[str, str]) -> Config:
+    """The Config with what an initialize request carries besides hooks (the TypeScript SDK sends these there, not as
+    flags), each as its command-line twin sets it: in-process and other MCP servers (--mcp-config), the system prompt
+    and its addition, sub-agent types (--agents), the answer's schema (--json-schema), refused tools
+    (--disallowedTools); UsageError for a value of the wrong shape."""
+    changes: dict[str, Any] = {}
+    names = request.get("sdkMcpServers") if isinstance(request.get("sdkMcpServers"), list) else []
+    servers = {name: {"type": "sdk", "name": name} for name in names if isinstance(name, str)}
+    if isinstance(request.get("mcpServers"), dict):
+        servers.update(mcp_servers([json.dumps({"mcpServers": request["mcpServers"]})], env))
+    if servers:
+        changes["mcp"] = tuple({**dict(cfg.mcp), **servers}.items())
+        changes["project_mcp"] = tuple((name, spec) for name, spec in cfg.project_mcp if name not in servers)
+    system = request.get("systemPrompt")
+    system = "\n\n".join(part for part in system if isinstance(part, str)) if isinstance(system, list) else system
+    if isinstance(system, str) and system.strip():
+        changes["system_prompt"] = system.strip()
+    if isinstance(append := request.get("appendSystemPrompt"), str) and append.strip():
+        changes["append_system_prompt"] = "\n\n".join(filter(None, [cfg.append_system_prompt, append.strip()]))
+    if request.get("agents") is not None:
+        changes["agents"] = tuple({**dict(cfg.agents), **dict(agent_specs(request["agents"], "agents"))}.items())
+    if isinstance(request.get("jsonSchema"), dict):
+        changes["json_schema"] = request["jsonSchema"]
+    if isinstance(refused := request.get("disallowedTools"), list):
+        changes["disallowed"] = cfg.disallowed + rule_list(",".join(map(str, refused)))
+    return cfg._replace(**changes)
+
+
+def custom_commands(cfg: Config) -> list[dict]:
+    """The skills and custom commands a prompt may start with, as the SDK's initialize answer lists them."""
+    folders = [cfg.cwd] + ([cfg.home] if cfg.home else [])
+    skills = discover_skills(folders, lambda text: None)
+    listed = {s.name: {"name": s.name, "description": s.description, "argumentHint": ""} for s in skills.values()}
+    for name, command in discover_commands(folders).items():
+        listed.setdefault(name, {"name": name, "description": command.description, "argumentHint": command.hint})
+    return list(listed.values())
+
+
 class SdkRun:
     """A run driven by the Agent SDK: one conversation whose prompts come from stdin, each answered with Claude
     Code's events and a result; control requests change the mode or the model, interrupt a turn, and report."""
@@ -8186,6 +8264,7 @@ class SdkRun:
         self.hooks: dict = {}  # what initialize registered: event -> [{"matcher", "hookCallbackIds", "timeout"}]
         self.changes: dict = {}  # set_model and set_permission_mode: Config fields for the next prompt
         self.running, self.lock, self.main = False, threading.Lock(), threading.get_ident()
+        self.initialized = threading.Event()  # initialize answered: its options are in self.cfg
         self.link = SdkLink(self.reporter.claude, streams.stdin, {
             "initialize": self.initialize, "interrupt": self.interrupt, "set_permission_mode": self.set_mode,
             "set_model": self.set_model, "mcp_status": self.mcp_status}, self.reporter.say)
@@ -8193,6 +8272,7 @@ class SdkRun:
     def run(self) -> int:
         """Answer prompts until stdin ends; the exit code is the last result's."""
         self.link.start()
+        self.wait_for_initialize()
         ask = self.can_use_tool if self.cfg.permission_prompt == "stdio" else lambda tool, *_: Denied(
             f"Claude requested permissions to use {tool}, but you haven't granted it yet.")  # Claude Code's words
         self.agent = Agent(self.cfg, self.env, self.reporter, ask_user=ask, relay=self.mcp_message)
@@ -8203,6 +8283,13 @@ class SdkRun:
         finally:
             self.agent.close()
         return self.code
+
+    def wait_for_initialize(self) -> None:
+        """Wait until initialize is answered, its options then shaping the run; without --await-initialize, a prompt
+        that comes first (a program that sends none) starts the run too, and so does the end of stdin."""
+        link = self.link
+        while not self.initialized.wait(0.02) and not link.closed and (self.cfg.await_initialize or link.prompts.empty()):
+            pass
 
     def next_prompt(self) -> dict | None:
         """The next prompt from stdin, None at its end (an interrupt that came too late to stop a turn is dropped)."""
@@ -8226,6 +8313,7 @@ class SdkRun:
             with self.lock:
                 self.running = True
             try:
+                text = expand_command(agent, text)[0]  # the command's model is for -p and sessions
                 outcome = agent.ask(messages, text, images=images)
             finally:
                 with self.lock:
@@ -8248,18 +8336,25 @@ class SdkRun:
                                           reporter, failure))
 
     def initialize(self, request: dict) -> dict:
-        """The SDK's first request: keep its hooks; say what solo offers."""
+        """The SDK's first request: keep its hooks, apply its options (before the run starts); say what solo offers
+        and what it applied."""
+        applied = self.agent is None and not self.initialized.is_set()  # options that come late change nothing
+        if applied:
+            self.cfg = initialize_config(self.cfg, request, self.env)
         self.hooks = request.get("hooks") if isinstance(request.get("hooks"), dict) else {}
+        self.initialized.set()
         cfg = self.agent.cfg if self.agent else self.cfg  # with the settings files' model and mode, once read
-        skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), lambda text: None)
-        return {"commands": [{"name": s.name, "description": s.description, "argumentHint": ""}
-                             for s in skills.values()],
-                "agents": [], "output_style": "default", "available_output_styles": ["default"],
+        kinds = discover_agents([cfg.cwd] + ([cfg.home] if cfg.home else []), lambda text: None, cfg.agents)
+        return {"commands": custom_commands(cfg),
+                "agents": [{"name": k.name, "description": k.description, **({"model": k.model} if k.model else {})}
+                           for k in kinds.values()],
+                "output_style": "default", "available_output_styles": ["default"],
                 "models": [{"value": name, "displayName": name, "description": model_id(name)}
                            for name in MODEL_ALIASES],
                 "account": {}, "pid": os.getpid(), "claude_code_version": CLAUDE_CODE_PROTOCOL, "solo_version": VERSION,
                 "current_model": cfg.model, "current_permission_mode": cfg.permission_mode,
-                "hooks": {event: len(matchers) for event, matchers in self.hooks.items()}}
+                "hooks": {event: len(matchers) for event, matchers in self.hooks.items()},
+                "hooks_applied": True, "hook_on_failure_supported": True, "mcp_servers_applied": applied}
 
     def interrupt(self, request: dict) -> dict:
         """Stop the turn under way (as Ctrl-C would: its commands are killed); the run goes on."""
@@ -8287,20 +8382,21 @@ class SdkRun:
         assert self.agent
         for event, matchers in self.hooks.items():
             for matcher in matchers if event in HOOK_EVENTS and isinstance(matchers, list) else []:
-                timeout = float(matcher.get("timeout") or HOOK_TIMEOUT)
+                timeout, block = float(matcher.get("timeout") or HOOK_TIMEOUT), matcher.get("onFailure") == "block"
                 for callback in matcher.get("hookCallbackIds") or []:
-                    run = functools.partial(self.hook_callback, event, str(callback), timeout)
+                    run = functools.partial(self.hook_callback, event, str(callback), timeout, block)
                     self.agent.hooks.hooks.append(Hook(event, matcher.get("matcher") or "", f"sdk {callback}",
                                                        timeout, "the Agent SDK", run))
         self.hooks = {}
 
-    def hook_callback(self, event: str, callback: str, timeout: float, data: dict) -> HookResult:
-        """A hook's answer from the SDK's callback; one that fails blocks nothing, as a failing hook command."""
+    def hook_callback(self, event: str, callback: str, timeout: float, block: bool, data: dict) -> HookResult:
+        """A hook's answer from the SDK's callback; one that fails blocks nothing, as a failing hook command, unless
+        it was registered with onFailure "block"."""
         try:
             answer = self.link.request("hook_callback", {"callback_id": callback, "input": data,
                                                          "tool_use_id": data.get("tool_use_id")}, timeout)
         except AgentError as error:
-            return HookResult(1, message=str(error))
+            return HookResult(2, block=f"the hook failed: {error}") if block else HookResult(1, message=str(error))
         return hook_answer(event, answer)
 
     def mcp_status(self, request: dict) -> dict:

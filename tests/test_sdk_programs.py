@@ -1,0 +1,90 @@
+"""What Agent SDK programs rely on (issue 32): the TypeScript SDK's initialize options, and the behaviours Python SDK
+programs observe on Claude Code, each run for real against the fake OpenRouter (or as raw protocol lines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROGRAM
+from tests.fake_openrouter import call, reply
+
+HERE = Path(__file__).parent
+TS_SDK = Path(os.environ.get("CLAUDE_AGENT_SDK_TS") or HERE / "node/node_modules/@anthropic-ai/claude-agent-sdk")
+
+
+def ts_program(server, workspace, prompt: str, *, calc: bool = False, **options) -> list[dict]:
+    """Every message a TypeScript SDK query() with solo as its CLI receives (tests/sdk_program.mjs), the last one
+    {"done": true} or {"error": ...}. Skips when node or the SDK is missing (.ci/run installs it with npm)."""
+    node = shutil.which("node")
+    if not node or not (TS_SDK / "sdk.mjs").is_file():
+        pytest.skip("the TypeScript Agent SDK is not installed (npm install --prefix tests/node "
+                    "@anthropic-ai/claude-agent-sdk; or set CLAUDE_AGENT_SDK_TS to its folder)")
+    home = workspace.parent / "home"
+    home.mkdir(exist_ok=True)
+    env = {"OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "sk-test-secret-123", "HOME": str(home),
+           "PATH": os.environ["PATH"]}
+    spec = {"sdk": str(TS_SDK), "cli": str(PROGRAM), "cwd": str(workspace), "env": env, "prompt": prompt,
+            "calc": calc, "options": options}
+    done = subprocess.run([node, str(HERE / "sdk_program.mjs"), json.dumps(spec)], capture_output=True, text=True,
+                          timeout=120)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def tools_offered(body: dict) -> list[str]:
+    """The names of the tools a request offers."""
+    return [tool["function"]["name"] for tool in body.get("tools") or []]
+
+
+# --- The TypeScript SDK's initialize options -------------------------------------------------------
+
+
+def adds_then_echoes(body: dict):
+    """A model that calls the in-process add and the stdio server's echo, then says what the last result was."""
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        return reply("tool said: " + last["content"])
+    return reply(tool_calls=[call("mcp__calc__add", {"a": 2, "b": 3}, id="a1"),
+                             call("mcp__stdio__echo", {"text": "yo"}, id="e1")])
+
+
+def test_a_typescript_program_with_an_in_process_tool_a_stdio_server_and_an_appended_prompt(serve, workspace):
+    server = serve(adds_then_echoes)
+    stdio = {"command": sys.executable, "args": [str(HERE / "mcp_server.py"), "--only", "echo"]}
+    messages = ts_program(server, workspace, "add", calc=True, mcpServers={"stdio": stdio},
+                          systemPrompt={"type": "preset", "preset": "claude_code", "append": "Always be brief."},
+                          allowedTools=["mcp__calc", "mcp__stdio"])
+    assert messages[-1] == {"done": True}, messages[-1]  # the SDK ends at once without mcp_servers_applied
+    init, result = messages[0], messages[-2]
+    assert init["subtype"] == "init" and {"mcp__calc__add", "mcp__stdio__echo"} <= set(init["tools"])
+    assert {(s["name"], s["status"]) for s in init["mcp_servers"]} == {("calc", "connected"), ("stdio", "connected")}
+    results = [block["content"] for m in messages if m.get("type") == "user" for block in m["message"]["content"]]
+    assert results == [[{"type": "text", "text": "sum 5"}], [{"type": "text", "text": "echo: yo"}]]
+    assert (result["subtype"], result["result"]) == ("success", "tool said: echo: yo")
+    system = server.bodies[0]["messages"][0]["content"]
+    assert system.endswith("\n\nAlways be brief.") and "solo" in system  # solo's own prompt, then the addition
+    assert {"mcp__calc__add", "mcp__stdio__echo"} <= set(tools_offered(server.bodies[0]))
+
+
+def test_a_typescript_program_replaces_the_prompt_defines_agents_and_asks_for_json(serve, workspace):
+    server = serve(lambda body: reply('{"answer": 42}'))
+    schema = {"type": "object", "properties": {"answer": {"type": "number"}}, "required": ["answer"]}
+    messages = ts_program(server, workspace, "what is it?", systemPrompt="You are a calculator.",
+                          agents={"reviewer": {"description": "Reviews code", "prompt": "You review.",
+                                               "tools": ["Read"], "model": "haiku"}},
+                          outputFormat={"type": "json_schema", "schema": schema})
+    assert messages[-1] == {"done": True}, messages[-1]
+    init, result = messages[0], messages[-2]
+    assert init["agents"] == ["general-purpose", "reviewer"]
+    assert result["structured_output"] == {"answer": 42}
+    body = server.bodies[0]
+    assert body["messages"][0]["content"].startswith("You are a calculator.")
+    assert body["response_format"]["json_schema"]["schema"] == schema
+    agent_tool = next(t for t in body["tools"] if t["function"]["name"] == "Agent")
+    assert "- reviewer: Reviews code" in agent_tool["function"]["description"]
