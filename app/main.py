@@ -8382,7 +8382,8 @@ class SdkRun:
         assert self.agent
         for event, matchers in self.hooks.items():
             for matcher in matchers if event in HOOK_EVENTS and isinstance(matchers, list) else []:
-                timeout, block = float(matcher.get("timeout") or HOOK_TIMEOUT), matcher.get("onFailure") == "block"
+                timeout = float(matcher.get("timeout") or HOOK_TIMEOUT)
+                block = matcher.get("onFailure") == "block" and event not in ("Stop", "SubagentStop")  # as the SDK says
                 for callback in matcher.get("hookCallbackIds") or []:
                     run = functools.partial(self.hook_callback, event, str(callback), timeout, block)
                     self.agent.hooks.hooks.append(Hook(event, matcher.get("matcher") or "", f"sdk {callback}",

@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from claude_agent_sdk import AgentDefinition, HookMatcher
 
 from tests.conftest import PROGRAM
-from tests.fake_openrouter import call, reply
+from tests.fake_openrouter import call, last_result, reply, tool_results, tool_then
+from tests.test_sdk import collect, options
 
 HERE = Path(__file__).parent
 TS_SDK = Path(os.environ.get("CLAUDE_AGENT_SDK_TS") or HERE / "node/node_modules/@anthropic-ai/claude-agent-sdk")
@@ -88,3 +90,52 @@ def test_a_typescript_program_replaces_the_prompt_defines_agents_and_asks_for_js
     assert body["response_format"]["json_schema"]["schema"] == schema
     agent_tool = next(t for t in body["tools"] if t["function"]["name"] == "Agent")
     assert "- reviewer: Reviews code" in agent_tool["function"]["description"]
+
+
+# --- Behaviour a program relies on -----------------------------------------------------------------
+
+
+def test_a_hook_that_raises_blocks_the_call_when_registered_to_block(serve, workspace):
+    async def broken(data, tool_use_id, context):
+        raise RuntimeError("the guard crashed")
+
+    async def quiet(data, tool_use_id, context):
+        raise RuntimeError("this one fails open")
+
+    server = serve(tool_then([call("Bash", {"command": "touch blocked"}, id="b1"),
+                              call("Write", {"file_path": "open.txt", "content": "x"}, id="w1")], last_result))
+    hooks = {"PreToolUse": [HookMatcher(matcher="Bash", hooks=[broken], on_failure="block"),
+                            HookMatcher(matcher="Write", hooks=[quiet])]}
+    messages = collect("go", options(server, workspace, hooks=hooks, permission_mode="bypassPermissions"))
+    assert not (workspace / "blocked").exists()  # the SDK refuses to start unless hook_on_failure_supported
+    assert (workspace / "open.txt").read_text() == "x"  # without on_failure="block", a failing callback blocks nothing
+    results = tool_results(server.bodies[1])
+    assert results[0].startswith("Error: blocked by a PreToolUse hook: the hook failed") and "crashed" in results[0]
+    assert messages[-1].subtype == "success"
+
+
+def test_programmatic_sub_agents_beside_the_project_s(serve, workspace):
+    (workspace / ".claude" / "agents").mkdir(parents=True)
+    (workspace / ".claude" / "agents" / "filed.md").write_text("---\ndescription: from a file\n---\nFiled.\n")
+    server = serve(lambda body: reply("reviewed") if body["messages"][0]["content"].startswith("You review.") else
+                   reply("all done") if body["messages"][-1]["role"] == "tool" else
+                   reply(tool_calls=[call("Agent", {"description": "review it", "prompt": "look",
+                                                    "subagent_type": "reviewer"}, id="g1")]))
+    reviewer = AgentDefinition(description="Reviews code", prompt="You review.", tools=["Read", "Grep"],
+                               model="haiku")
+    messages = collect("review", options(server, workspace, agents={"reviewer": reviewer},
+                                         permission_mode="bypassPermissions"))
+    assert messages[0].data["agents"] == ["general-purpose", "reviewer", "filed"]
+    sub = server.bodies[1]
+    assert tools_offered(sub) == ["Read", "Grep"] and sub["model"] == "anthropic/claude-haiku-4.5"
+    assert tool_results(server.bodies[2]) == ["reviewed"] and messages[-1].result == "all done"
+
+
+@pytest.mark.parametrize("given, error", [
+    ('{"x": {"prompt": "p"}}', "agent 'x' needs a description and a prompt"),
+    ('{"x": {"description": "d", "prompt": "p", "tools": "Read"}}', "agent 'x': tools is a list of tool names"),
+    ("[1]", "not a JSON object of agents by name"),
+])
+def test_agents_of_the_wrong_shape_are_a_usage_error(run, workspace, given, error):
+    result = run(["-p", "hi", "--agents", given], cwd=workspace, base_url="http://127.0.0.1:9/api/v1")
+    assert result.code == 2 and f"--agents: {error}" in result.stderr
