@@ -6374,6 +6374,7 @@ CLAUDE_CODE_PROTOCOL = "2.1.332"  # the Claude Code version whose stream-json an
 LINE_BYTES = 1_000_000  # the Agent SDK refuses a line longer than 1 MB
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
 INTERRUPTED = "[Request interrupted by user]"
+INTERRUPTED_TOOL = "[Request interrupted by user for tool use]"  # can_use_tool denied with interrupt: true
 
 
 def claude_usage(usage: Any) -> dict:
@@ -6599,7 +6600,7 @@ class ClaudeOutput:
                 self.write({"type": "stream_event", "event": event, **self.common()})
         return message_id
 
-    def aborted(self, model: str) -> None:
+    def aborted(self, model: str, text: str = INTERRUPTED) -> None:
         """The end of an interrupted turn: the reply under way as an aborted message, then the interruption."""
         if self.stream.id:
             text = "".join(self.partial)
@@ -6607,7 +6608,7 @@ class ClaudeOutput:
                        "content": [{"type": "text", "text": text}], "stop_reason": None, "stop_sequence": None,
                        "usage": claude_usage({})}
             self.write({"type": "assistant", "message": message, "aborted": True, **self.common()})
-        self.write({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": INTERRUPTED}]},
+        self.write({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]},
                     **self.common()})
 
     def take(self, event: dict) -> None:
@@ -8265,6 +8266,7 @@ class SdkRun:
         self.changes: dict = {}  # set_model and set_permission_mode: Config fields for the next prompt
         self.running, self.lock, self.main = False, threading.Lock(), threading.get_ident()
         self.initialized = threading.Event()  # initialize answered: its options are in self.cfg
+        self.halted = False  # can_use_tool denied with interrupt: true: the turn ends before its next request
         self.link = SdkLink(self.reporter.claude, streams.stdin, {
             "initialize": self.initialize, "interrupt": self.interrupt, "set_permission_mode": self.set_mode,
             "set_model": self.set_model, "mcp_status": self.mcp_status}, self.reporter.say)
@@ -8275,7 +8277,7 @@ class SdkRun:
         self.wait_for_initialize()
         ask = self.can_use_tool if self.cfg.permission_prompt == "stdio" else lambda tool, *_: Denied(
             f"Claude requested permissions to use {tool}, but you haven't granted it yet.")  # Claude Code's words
-        self.agent = Agent(self.cfg, self.env, self.reporter, ask_user=ask, relay=self.mcp_message)
+        self.agent = Agent(self.cfg, self.env, self.emit, ask_user=ask, relay=self.mcp_message)
         try:
             messages = self.agent.conversation(self.resume, self.fork)
             while (message := self.next_prompt()) is not None:
@@ -8291,6 +8293,12 @@ class SdkRun:
         while not self.initialized.wait(0.02) and not link.closed and (self.cfg.await_initialize or link.prompts.empty()):
             pass
 
+    def emit(self, event: dict) -> None:
+        """An event of the run for the reporter; after a deny that interrupts, the turn's next request is not made."""
+        if event["type"] == "request" and self.halted and threading.get_ident() == self.main:
+            raise KeyboardInterrupt
+        self.reporter(event)
+
     def next_prompt(self) -> dict | None:
         """The next prompt from stdin, None at its end (an interrupt that came too late to stop a turn is dropped)."""
         while True:
@@ -8301,7 +8309,7 @@ class SdkRun:
         """Answer one prompt: init, the events of the turn, the result (an interrupt ends only the turn)."""
         agent, reporter = self.agent, self.reporter
         assert agent and reporter.claude
-        agent.cfg, self.changes = agent.cfg._replace(**self.changes), {}
+        agent.cfg, self.changes, self.halted = agent.cfg._replace(**self.changes), {}, False
         self.add_hooks()
         reporter.begin(time.monotonic())
         reporter.write_json(init_event(agent.cfg, agent, agent.cfg.permission_mode))
@@ -8323,9 +8331,9 @@ class SdkRun:
             for answer in unanswered(messages):  # the conversation stays valid for the next prompt
                 messages.append(answer)
         if isinstance(failure, KeyboardInterrupt):
-            error = INTERRUPTED
-            reporter.claude.aborted(agent.cfg.model)
-            messages.append({"role": "user", "content": INTERRUPTED})
+            error = INTERRUPTED_TOOL if self.halted else INTERRUPTED
+            reporter.claude.aborted(agent.cfg.model, error)
+            messages.append({"role": "user", "content": error})
         elif failure:
             reporter.say(error)
         elif outcome and outcome.subtype != "success":
@@ -8416,6 +8424,7 @@ class SdkRun:
         answer = self.link.request("can_use_tool", {"tool_name": tool, "input": args, "tool_use_id": call_id,
                                                     "permission_suggestions": suggestions})
         if answer.get("behavior") != "allow":
+            self.halted = self.halted or answer.get("interrupt") is True
             return Denied(str(answer.get("message") or f"the SDK's can_use_tool refused {tool}"))
         if isinstance(answer.get("updatedInput"), dict):
             args.clear()

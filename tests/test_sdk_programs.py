@@ -10,8 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
-from claude_agent_sdk import AgentDefinition, HookMatcher
+from claude_agent_sdk import AgentDefinition, ClaudeSDKClient, HookMatcher, PermissionResultDeny, TextBlock
 
 from tests.conftest import PROGRAM
 from tests.fake_openrouter import call, last_result, reply, tool_results, tool_then
@@ -139,3 +140,30 @@ def test_programmatic_sub_agents_beside_the_project_s(serve, workspace):
 def test_agents_of_the_wrong_shape_are_a_usage_error(run, workspace, given, error):
     result = run(["-p", "hi", "--agents", given], cwd=workspace, base_url="http://127.0.0.1:9/api/v1")
     assert result.code == 2 and f"--agents: {error}" in result.stderr
+
+
+def test_a_deny_that_interrupts_ends_the_turn_as_claude_code_does(serve, workspace):
+    server = serve(lambda body: reply("again") if "go on" in json.dumps(body["messages"][-1]) else
+                   reply(tool_calls=[call("Bash", {"command": "touch made"}, id="c1")]))
+    seen: dict = {}
+
+    async def can_use_tool(name, tool_input, context):
+        return PermissionResultDeny(message="stop right there", interrupt=True)
+
+    async def run() -> None:
+        async with ClaudeSDKClient(options=options(server, workspace, can_use_tool=can_use_tool)) as client:
+            await client.query("make it")
+            seen["first"] = [m async for m in client.receive_response()]
+            await client.query("go on")
+            seen["second"] = [m async for m in client.receive_response()]
+
+    anyio.run(run)
+    first = seen["first"]
+    assert [type(m).__name__ for m in first] == ["SystemMessage", "AssistantMessage", "UserMessage", "UserMessage",
+                                                 "ResultMessage"]
+    assert first[2].content[0].content == "stop right there" and first[2].content[0].is_error
+    assert first[3].content == [TextBlock(text="[Request interrupted by user for tool use]")]
+    assert (first[4].subtype, first[4].is_error) == ("error_during_execution", True)
+    assert len(server.bodies) == 2 and not (workspace / "made").exists()  # the model was not asked again
+    assert seen["second"][-1].result == "again"
+    assert server.bodies[1]["messages"][-2]["content"] == "[Request interrupted by user for tool use]"
