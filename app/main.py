@@ -192,7 +192,7 @@ class Config(NamedTuple):
     trace_path: str | None = None
     cache: bool = True  # ask Anthropic models to cache the prompt prefix
     pass_env: tuple[str, ...] = ()  # secret-looking variables commands may still see
-    permission_mode: str = "default"  # default | acceptEdits | plan | bypassPermissions (--yes)
+    permission_mode: str = "default"  # default | acceptEdits | plan | bypassPermissions (--yes) | dontAsk
     sandbox: str = "off"  # off | read-only | workspace-write
     sandbox_network: bool = False  # commands may open TCP and UDP sockets in a confined mode
     sandbox_unix: bool = False  # commands may open unix sockets in a confined mode
@@ -530,7 +530,7 @@ def end_orphans(seconds: float = 5.0) -> None:
 
 
 SANDBOX_MODES = ("off", "read-only", "workspace-write")
-PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")
 # Landlock's rights that change files, each with the ABI that has it: write, remove dir/file, make char/dir/reg/
 # sock/fifo/block/sym, then refer (2), truncate (3), ioctl on devices (5)
 WRITE_RIGHTS = [(1 << bit, 1) for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)] + [(1 << 13, 2), (1 << 14, 3), (1 << 15, 5)]
@@ -5985,11 +5985,14 @@ class Agent:
         changes = known is None or known.asks
         if cfg.permission_mode == "plan" and changes:
             return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
+        mode = cfg.permission_mode
         if kind != "ask" and hint != "ask":
-            mode = cfg.permission_mode
             free = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in EDITORS)
-            if kind == "allow" or hint == "allow" or not (changes or tool == "WebFetch") or free or not self.ask_user:
+            if kind == "allow" or hint == "allow" or not (changes or tool == "WebFetch") or free or \
+                    not (self.ask_user or mode == "dontAsk"):
                 return ""  # with -p, a call no rule asks about runs, as it always has; a session asks for a new domain
+        if mode == "dontAsk":
+            return f"permission mode dontAsk runs only what a rule or the mode allows, not this {tool} call"
         if not self.ask_user:
             return f"by {rule.text} ({rule.origin}): the rule asks first, and with -p nobody can answer" if rule else \
                 "a PreToolUse hook asks first, and with -p nobody can answer"
@@ -6121,7 +6124,8 @@ def add_run_options(add: Callable[..., Any]) -> None:
     add("--pass-env", metavar="NAMES", default="", help="secret-looking variables commands may still see")
     add("--yes", "-y", action="store_true", help="ask nothing: --permission-mode bypassPermissions")
     add("--permission-mode", choices=PERMISSION_MODES, help="default: a session asks before changes; acceptEdits: "
-        "file edits do not ask; plan: read-only tools only; bypassPermissions: nothing asks")
+        "file edits do not ask; plan: read-only tools only; bypassPermissions: nothing asks; dontAsk: what would "
+        "ask is refused")
     add("--sandbox", choices=SANDBOX_MODES, help="confine commands and file tools: read-only, workspace-write, off")
     add("--sandbox-network", choices=("on", "off"), help="commands may open network connections in a sandbox (off)")
     add("--sandbox-unix-sockets", choices=("on", "off"), help="commands may open unix sockets in a sandbox (off)")
@@ -8374,7 +8378,9 @@ class SdkRun:
     def set_mode(self, request: dict) -> dict:
         """Change the permission mode, from the next tool call on."""
         if request.get("mode") not in PERMISSION_MODES:
-            raise AgentError(f"unknown permission mode {request.get('mode')!r}; modes: {', '.join(PERMISSION_MODES)}")
+            why = " (Claude Code's model classifier, which solo does not have)" if request.get("mode") == "auto" else ""
+            raise AgentError(f"unknown permission mode {request.get('mode')!r}{why}; modes: "
+                             f"{', '.join(PERMISSION_MODES)}")
         self.changes["permission_mode"] = request["mode"]
         if self.agent:
             self.agent.cfg = self.agent.cfg._replace(permission_mode=request["mode"])

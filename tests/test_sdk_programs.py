@@ -167,3 +167,28 @@ def test_a_deny_that_interrupts_ends_the_turn_as_claude_code_does(serve, workspa
     assert len(server.bodies) == 2 and not (workspace / "made").exists()  # the model was not asked again
     assert seen["second"][-1].result == "again"
     assert server.bodies[1]["messages"][-2]["content"] == "[Request interrupted by user for tool use]"
+
+
+def test_dont_ask_mode_refuses_what_would_ask_everywhere(serve, run, workspace):
+    server = serve(tool_then([call("Bash", {"command": "touch made"}, id="c1"), call("Bash", {"command": "echo ok"},
+                                                                                     id="c2")], last_result))
+    result = run(["-p", "go", "--permission-mode", "dontAsk", "--allowedTools", "Bash(echo:*)"], cwd=workspace,
+                 base_url=server.url)
+    assert result.code == 0 and not (workspace / "made").exists()  # -p runs unmatched calls, but not in dontAsk
+    refused, ran = tool_results(server.bodies[1])
+    assert "permission mode dontAsk" in refused and ran == "ok\n[exit code 0]"
+
+
+def test_set_permission_mode_auto_is_refused_naming_solo_s_modes(serve, workspace):
+    server = serve(lambda body: reply("hi"))
+
+    async def run() -> None:
+        async with ClaudeSDKClient(options=options(server, workspace)) as client:
+            with pytest.raises(Exception, match="auto.*classifier.*modes: default, acceptEdits, plan, "
+                                                "bypassPermissions, dontAsk"):
+                await client.set_permission_mode("auto")
+            await client.set_permission_mode("dontAsk")
+            await client.query("hi")
+            assert [m async for m in client.receive_response()][0].data["permissionMode"] == "dontAsk"
+
+    anyio.run(run)
