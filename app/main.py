@@ -219,6 +219,7 @@ class Config(NamedTuple):
     include_hook_events: bool = False  # stream-json: a line as each hook starts and answers
     agents: tuple[tuple[str, dict], ...] = ()  # --agents and the SDK's agents: sub-agent types beside .claude/agents
     await_initialize: bool = False  # SDK mode: the SDK's initialize request comes first and shapes the run
+    bypass_allowed: bool = False  # SDK mode: set_permission_mode may switch to bypassPermissions (started so, or allowed)
 
 
 # --- Errors ---------------------------------------------------------------------------------------
@@ -6106,6 +6107,8 @@ def add_run_options(add: Callable[..., Any]) -> None:
     add("--agents", metavar="JSON", help='sub-agent types: {"NAME": {"description", "prompt", "tools", "model"}}')
     add("--replay-user-messages", action="store_true", help="stream-json: echo each prompt read on stdin")
     add("--dangerously-skip-permissions", dest="yes", action="store_true", help="the same as --yes")
+    add("--allow-dangerously-skip-permissions", action="store_true", help="SDK mode: set_permission_mode may switch "
+        "to bypassPermissions")
     add("--trace", metavar="FILE", help="write every request, reply and tool call as JSON lines")
     add("--connect-timeout", metavar="S", type=positive(float), help="seconds to connect to the API (default 10)")
     add("--read-timeout", metavar="S", type=positive(float), help="longest silence while a reply arrives (default 300)")
@@ -6321,7 +6324,9 @@ def sdk_settings(args: argparse.Namespace) -> dict:
             "system_prompt": prompt_file(args.system_prompt_file) or (args.system_prompt or "").strip(),
             "fallback_model": model_id(args.fallback_model or ""), "replay_user_messages": args.replay_user_messages,
             "include_hook_events": args.include_hook_events, "agents": agent_specs(args.agents, "--agents"),
-            "permission_prompt": args.permission_prompt_tool or "", "await_initialize": args.await_initialize}
+            "permission_prompt": args.permission_prompt_tool or "", "await_initialize": args.await_initialize,
+            "bypass_allowed": args.yes or args.allow_dangerously_skip_permissions or
+            args.permission_mode == "bypassPermissions"}
 
 
 class Streams(NamedTuple):
@@ -8381,6 +8386,9 @@ class SdkRun:
             why = " (Claude Code's model classifier, which solo does not have)" if request.get("mode") == "auto" else ""
             raise AgentError(f"unknown permission mode {request.get('mode')!r}{why}; modes: "
                              f"{', '.join(PERMISSION_MODES)}")
+        if request["mode"] == "bypassPermissions" and not self.cfg.bypass_allowed:
+            raise AgentError("cannot switch to bypassPermissions: solo was not started with "
+                             "--dangerously-skip-permissions or --allow-dangerously-skip-permissions")
         self.changes["permission_mode"] = request["mode"]
         if self.agent:
             self.agent.cfg = self.agent.cfg._replace(permission_mode=request["mode"])

@@ -192,3 +192,24 @@ def test_set_permission_mode_auto_is_refused_naming_solo_s_modes(serve, workspac
             assert [m async for m in client.receive_response()][0].data["permissionMode"] == "dontAsk"
 
     anyio.run(run)
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_switching_to_bypass_permissions_needs_the_flag_that_allows_it(serve, workspace, allowed):
+    server = serve(tool_then([call("Bash", {"command": "touch made"}, id="c1")], last_result))
+    extra = {"allow-dangerously-skip-permissions": None} if allowed else {}
+
+    async def run() -> None:
+        async with ClaudeSDKClient(options=options(server, workspace, extra_args=extra)) as client:
+            if allowed:
+                await client.set_permission_mode("bypassPermissions")
+            else:
+                with pytest.raises(Exception, match="not started with --dangerously-skip-permissions or "
+                                                    "--allow-dangerously-skip-permissions"):
+                    await client.set_permission_mode("bypassPermissions")
+            await client.query("go")
+            messages = [m async for m in client.receive_response()]
+            assert messages[0].data["permissionMode"] == ("bypassPermissions" if allowed else "default")
+
+    anyio.run(run)
+    assert (workspace / "made").exists() == allowed
