@@ -4012,6 +4012,13 @@ def bash_allowed(rules: list[Rule], parts: list[str]) -> Rule | None:
     return first
 
 
+def withheld(rules: dict[str, list[Rule]], tool: str) -> bool:
+    """Whether a deny rule refuses the whole tool (`Bash`, `mcp__server`, `mcp__server__*`): Claude Code then does not
+    offer it at all; a rule with a specifier (`Bash(rm:*)`) leaves it offered and refuses matching calls."""
+    return any(rule.spec is None and (rule.tool == tool or rule.tool.startswith("mcp__") and rule_matches(
+        rule, tool, {}, Path("/"), None, True)) for rule in rules.get("deny", []))
+
+
 def decide(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path,
            home: Path | None) -> tuple[str, Rule | None]:
     """What the rules say about a call: ("deny" | "ask" | "allow", the rule), or ("", None) when none matches; a
@@ -5799,6 +5806,7 @@ class Agent:
                 # every server started is the user's own (--mcp-config) or one they approved: its hints are trusted
                 tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout, trusted=True)
                 self.tools[tool.name] = tool
+        self.tools = {name: tool for name, tool in self.tools.items() if not withheld(self.rules, name)}
 
     def confine(self) -> Sandbox | None:
         """The sandbox of the run's mode: read-only writes only in a private temp folder (commands' TMPDIR)."""

@@ -213,3 +213,14 @@ def test_switching_to_bypass_permissions_needs_the_flag_that_allows_it(serve, wo
 
     anyio.run(run)
     assert (workspace / "made").exists() == allowed
+
+
+def test_a_whole_tool_deny_takes_the_tool_off_the_offer(serve, workspace):
+    (workspace / ".claude").mkdir()
+    (workspace / ".claude" / "settings.json").write_text(json.dumps({"permissions": {"deny": ["Bash", "Read(./x)"]}}))
+    server = serve(lambda body: reply("ok"))
+    messages = collect("hi", options(server, workspace, disallowed_tools=["Write", "Edit(/y)"],
+                                     setting_sources=["project"]))
+    offered = tools_offered(server.bodies[0])
+    assert "Bash" not in offered and "Write" not in offered and {"Read", "Edit", "Grep"} <= set(offered)
+    assert messages[0].data["tools"] == offered
