@@ -5521,6 +5521,22 @@ class Usage:
         if values[4] is None:
             self.unpriced = [self.unpriced[0] + int(values[0] or 0), self.unpriced[1] + int(values[1] or 0)]
 
+    def snapshot(self) -> Usage:
+        """A copy of the counts so far."""
+        copy = Usage()
+        with self.lock:
+            copy.requests, copy.priced = self.requests, self.priced
+            copy.models = {model: list(row) for model, row in self.models.items()}
+        return copy
+
+    def since(self, earlier: Usage) -> Usage:
+        """What was counted after `earlier`, a snapshot of these counts."""
+        later = self.snapshot()
+        later.requests -= earlier.requests
+        for model, row in earlier.models.items():
+            later.models[model] = [now - then for now, then in zip(later.models[model], row)]
+        return later
+
     def line(self) -> str:
         """A one-line summary for stderr."""
         cost = f", ${self.cost:.4f}" if self.cost is not None else ""
@@ -6453,10 +6469,13 @@ def terminal_reason(outcome: Outcome | None, failure: BaseException | None, in_t
 
 
 def result_object(outcome: Outcome | None, error: str, usage: Usage, started: float, session_id: str,
-                  reporter: Reporter | None = None, failure: BaseException | None = None) -> dict:
+                  reporter: Reporter | None = None, failure: BaseException | None = None,
+                  turn: Usage | None = None) -> dict:
     """The closing result object of --output-format json and stream-json, in Claude Code's shape: an API failure
-    is a `success` that is an error, with its HTTP status; limits and other failures say why in `errors`."""
+    is a `success` that is an error, with its HTTP status; limits and other failures say why in `errors`. `usage`
+    is the run's (cost, modelUsage); `turn`, when given, the prompt's own (SDK mode's `usage`, as Claude Code's)."""
     status = failure.status if isinstance(failure, ApiError) else None
+    turn = turn or usage
     subtype = outcome.subtype if outcome else "success" if status else "error_during_execution"
     limit = outcome and outcome.subtype != "success" and (
         f"Reached maximum number of turns ({outcome.turns})" if outcome.subtype == "error_max_turns"
@@ -6469,10 +6488,10 @@ def result_object(outcome: Outcome | None, error: str, usage: Usage, started: fl
         "result": outcome.answer if outcome and subtype == "success" else error,
         "stop_reason": STOP_REASONS.get(reporter.stop_reason) if reporter else None,
         "session_id": session_id, "total_cost_usd": usage.cost,
-        "usage": {"requests": usage.requests, "input_tokens": max(0, usage.prompt_tokens - usage.cached_tokens -
-                                                                  usage.cache_write_tokens),
-                  "output_tokens": usage.completion_tokens, "cache_read_input_tokens": usage.cached_tokens,
-                  "cache_creation_input_tokens": usage.cache_write_tokens},
+        "usage": {"requests": turn.requests, "input_tokens": max(0, turn.prompt_tokens - turn.cached_tokens -
+                                                                 turn.cache_write_tokens),
+                  "output_tokens": turn.completion_tokens, "cache_read_input_tokens": turn.cached_tokens,
+                  "cache_creation_input_tokens": turn.cache_write_tokens},
         "modelUsage": {model: {"inputTokens": max(0, row[0] - row[2] - row[3]), "outputTokens": row[1],
                                "cacheReadInputTokens": row[2], "cacheCreationInputTokens": row[3], "costUSD": row[4]}
                        for model, row in usage.models.items()},
@@ -8333,7 +8352,7 @@ class SdkRun:
         if self.cfg.replay_user_messages:
             reporter.write_json({**message, "session_id": agent.cfg.session_id, "uuid": new_uuid(), "isReplay": True})
         text, images = user_content((message.get("message") or {}).get("content"))
-        outcome, failure, error = None, None, ""
+        outcome, failure, error, before = None, None, "", agent.usage.snapshot()
         try:
             with self.lock:
                 self.running = True
@@ -8358,7 +8377,7 @@ class SdkRun:
         else:
             self.code = EXIT_OK
         reporter.write_json(result_object(outcome, error, agent.usage, reporter.started, agent.cfg.session_id,
-                                          reporter, failure))
+                                          reporter, failure, agent.usage.since(before)))
 
     def initialize(self, request: dict) -> dict:
         """The SDK's first request: keep its hooks, apply its options (before the run starts); say what solo offers

@@ -224,3 +224,19 @@ def test_a_whole_tool_deny_takes_the_tool_off_the_offer(serve, workspace):
     offered = tools_offered(server.bodies[0])
     assert "Bash" not in offered and "Write" not in offered and {"Read", "Edit", "Grep"} <= set(offered)
     assert messages[0].data["tools"] == offered
+
+
+def test_each_result_s_usage_is_its_turn_s_and_the_cost_the_session_s(serve, workspace):
+    server = serve(lambda body: reply("hi"))  # each reply: 100 prompt tokens (50 cached, 20 written), 10 out, $0.001
+    results = []
+
+    async def run() -> None:
+        async with ClaudeSDKClient(options=options(server, workspace)) as client:
+            for prompt in ("one", "two", "three"):
+                await client.query(prompt)
+                results.append([m async for m in client.receive_response()][-1])
+
+    anyio.run(run)
+    assert [r.usage["input_tokens"] for r in results] == [30, 30, 30]  # summing them gives the session's 90
+    assert sum(r.usage["output_tokens"] for r in results) == 30
+    assert [r.total_cost_usd for r in results] == pytest.approx([0.001, 0.002, 0.003])
