@@ -5553,6 +5553,7 @@ class Outcome(NamedTuple):
     turns: int = 0
 
 
+BUDGET_REACHED = "Error: not run: the run reached its budget (--max-cost) before this call"
 CUT_OFF = ("Error: this tool call was cut off because the reply reached the output token limit, so nothing "
            "was run. Make smaller calls (for example, write a large file in several parts).")
 
@@ -5767,13 +5768,15 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
             messages.append({"role": "user", "content": f"[A {stop_event} hook keeps you going: {verdict.block}]"})
             kept_going = True
             continue
+        if cfg.max_cost is not None and cost >= cfg.max_cost:  # before the calls run, as Claude Code stops
+            for pending in message["tool_calls"]:  # answered, so the saved conversation stays valid
+                messages.append({"role": "tool", "tool_call_id": pending["id"], "content": BUDGET_REACHED})
+            return Outcome("", "error_max_budget_usd", turn)
         try:
             run_calls(message, tools, ctx, messages, emit, cut=choice.get("finish_reason") == "length", hooks=hooks)
         except HookStop as stop:
             emit({"type": "notice", "text": f"a hook stopped the run: {stop}"})
             return Outcome("", turns=turn)
-        if cfg.max_cost is not None and cost >= cfg.max_cost:
-            return Outcome("", "error_max_budget_usd", turn)
     raise AssertionError("unreachable")
 
 

@@ -240,3 +240,13 @@ def test_each_result_s_usage_is_its_turn_s_and_the_cost_the_session_s(serve, wor
     assert [r.usage["input_tokens"] for r in results] == [30, 30, 30]  # summing them gives the session's 90
     assert sum(r.usage["output_tokens"] for r in results) == 30
     assert [r.total_cost_usd for r in results] == pytest.approx([0.001, 0.002, 0.003])
+
+
+def test_a_budget_stop_comes_before_the_pending_tool_call_runs(serve, run, workspace):
+    server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": "echo x >> calls"})],
+                                      usage={"prompt_tokens": 5, "completion_tokens": 5, "cost": 0.02}))
+    result = run(["-p", "spend", "--max-budget-usd", "0.05", "--output-format", "stream-json", "--verbose"],
+                 cwd=workspace, base_url=server.url)
+    assert result.code == 3 and len(server.bodies) == 3
+    assert (workspace / "calls").read_text() == "x\nx\n"  # the third reply's call, past the budget, never ran
+    assert json.loads(result.stdout.splitlines()[-1])["subtype"] == "error_max_budget_usd"
