@@ -4001,11 +4001,30 @@ def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None
     return rule.spec == str(args.get("name") or args.get("command") or "")
 
 
+def expands(part: str) -> bool:
+    """Whether a command holds an expansion outside single quotes (`$HOME`, `${X}`, `$(...)`, backticks): what it
+    runs cannot be read from its text."""
+    state, i = "", 0
+    while i < len(part):
+        ch = part[i]
+        if ch == "\\" and state != "'":
+            i += 2
+            continue
+        if ch in "'\"" and state in ("", ch):
+            state = "" if state else ch
+        elif state != "'" and (ch == "`" or ch == "$" and re.match(r"[\w{(@*#?$!-]", part[i + 1: i + 2])):
+            return True
+        i += 1
+    return False
+
+
 def bash_allowed(rules: list[Rule], parts: list[str]) -> Rule | None:
-    """The allow rule that lets a Bash command run when every part of it is allowed by some rule."""
+    """The allow rule that lets a Bash command run when every part of it is allowed by some rule; a prefix or
+    wildcard rule does not approve a part with an expansion (Claude Code does not judge what it cannot see)."""
     first = None
     for part in parts:
-        rule = next((r for r in rules if r.tool == "Bash" and (r.spec is None or bash_matches(r.spec, part))), None)
+        rule = next((r for r in rules if r.tool == "Bash" and (r.spec is None or bash_matches(r.spec, part) and not (
+            "*" in r.spec and expands(part)))), None)
         if rule is None:
             return None
         first = first or rule

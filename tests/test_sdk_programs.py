@@ -14,6 +14,7 @@ import anyio
 import pytest
 from claude_agent_sdk import AgentDefinition, ClaudeSDKClient, HookMatcher, PermissionResultDeny, TextBlock
 
+from app import main as agent
 from tests.conftest import PROGRAM
 from tests.fake_openrouter import call, last_result, reply, tool_results, tool_then
 from tests.test_sdk import collect, options
@@ -250,3 +251,38 @@ def test_a_budget_stop_comes_before_the_pending_tool_call_runs(serve, run, works
     assert result.code == 3 and len(server.bodies) == 3
     assert (workspace / "calls").read_text() == "x\nx\n"  # the third reply's call, past the budget, never ran
     assert json.loads(result.stdout.splitlines()[-1])["subtype"] == "error_max_budget_usd"
+
+
+@pytest.mark.parametrize("allow, command, expected", [
+    ("Bash(echo:*)", "echo $HOME_SECRET", ""),  # unmatched: asked (a session, SDK mode) or run (-p)
+    ("Bash(echo:*)", 'echo "${HOME_SECRET}"', ""),
+    ("Bash(echo:*)", "echo $(cat ~/.ssh/id_rsa)", ""),
+    ("Bash(echo *)", "echo `id`", ""),
+    ("Bash(echo:*)", "echo '$HOME_SECRET'", "allow"),  # single quotes: no expansion
+    ("Bash(echo:*)", "echo \\$HOME", "allow"),
+    ("Bash(echo:*)", "echo plain", "allow"),
+    ("Bash(echo $HOME)", "echo $HOME", "allow"),  # an exact rule says what it approves
+    ("Bash", "echo $HOME_SECRET", "allow"),
+])
+def test_a_prefix_rule_does_not_approve_what_an_expansion_hides(allow, command, expected):
+    rules = {"deny": [], "ask": [], "allow": [agent.parse_rule(allow, "test", Path("/proj"))]}
+    assert agent.decide(rules, "Bash", {"command": command}, Path("/proj"), None)[0] == expected
+
+
+def test_sdk_mode_asks_about_a_command_with_an_expansion_that_a_prefix_rule_would_allow(serve, workspace):
+    server = serve(tool_then([call("Bash", {"command": "echo plain"}, id="p1"),
+                              call("Bash", {"command": "echo $HOME_SECRET"}, id="s1")], last_result))
+    asked = []
+
+    async def can_use_tool(name, tool_input, context):
+        asked.append(tool_input["command"])
+        return PermissionResultDeny(message="not that")
+
+    async def run() -> None:
+        async with ClaudeSDKClient(options=options(server, workspace, can_use_tool=can_use_tool,
+                                                   allowed_tools=["Bash(echo:*)"])) as client:
+            await client.query("go")
+            [m async for m in client.receive_response()]
+
+    anyio.run(run)
+    assert asked == ["echo $HOME_SECRET"] and tool_results(server.bodies[1]) == ["plain\n[exit code 0]", "not that"]
