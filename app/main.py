@@ -6661,9 +6661,9 @@ class ClaudeOutput:
     def aborted(self, model: str, text: str = INTERRUPTED) -> None:
         """The end of an interrupted turn: the reply under way as an aborted message, then the interruption."""
         if self.stream.id:
-            text = "".join(self.partial)
+            partial = "".join(self.partial)
             message = {"id": self.end_reply(None, {}), "type": "message", "role": "assistant", "model": model,
-                       "content": [{"type": "text", "text": text}], "stop_reason": None, "stop_sequence": None,
+                       "content": [{"type": "text", "text": partial}], "stop_reason": None, "stop_sequence": None,
                        "usage": claude_usage({})}
             self.write({"type": "assistant", "message": message, "aborted": True, **self.common()})
         self.write({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]},
@@ -6684,7 +6684,12 @@ class ClaudeOutput:
         elif kind == "prompt":  # a sub-agent's task
             text = [{"type": "text", "text": event["text"]}]
             self.write({"type": "user", "message": {"role": "user", "content": text}, **self.common(parent)})
+        elif kind == "request":
+            self.write({"type": "system", "subtype": "status", "status": "requesting", **self.common(parent)})
         elif kind == "tool_result":
+            if event["denied"]:
+                self.write({"type": "system", "subtype": "permission_denied", "tool_name": event["name"],
+                            "tool_use_id": event["id"], "message": event["content"], **self.common(parent)})
             content = event["content"]
             content = [{"type": "text", "text": content}] if event["name"].startswith("mcp__") and \
                 not event["is_error"] else content

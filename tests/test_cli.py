@@ -64,8 +64,10 @@ def test_stream_json_emits_events_then_the_result(serve, run, workspace):
     server = serve(tool_then_answer)
     result = run(["-p", "q", "--output-format", "stream-json"], cwd=workspace, base_url=server.url)
     events = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [e["type"] for e in events] == ["system", "assistant", "user", "assistant", "result"]  # Claude Code's
-    init, call_event, result_event, answer, last = events
+    assert [e["type"] for e in events] == ["system", "system", "assistant", "user", "system", "assistant",
+                                           "result"]  # Claude Code's: a system/status before each request
+    init, status, call_event, result_event, _, answer, last = events
+    assert (status["subtype"], status["status"], status["session_id"]) == ("status", "requesting", last["session_id"])
     assert init["subtype"] == "init" and init["cwd"] == str(workspace) and init["model"] == "anthropic/claude-haiku-4.5"
     assert "Bash" in init["tools"] and init["session_id"] == last["session_id"]
     assert call_event["message"]["content"] == [{"type": "tool_use", "id": "c1", "name": "Bash",

@@ -160,11 +160,12 @@ def test_a_deny_that_interrupts_ends_the_turn_as_claude_code_does(serve, workspa
 
     anyio.run(run)
     first = seen["first"]
-    assert [type(m).__name__ for m in first] == ["SystemMessage", "AssistantMessage", "UserMessage", "UserMessage",
-                                                 "ResultMessage"]
-    assert first[2].content[0].content == "stop right there" and first[2].content[0].is_error
-    assert first[3].content == [TextBlock(text="[Request interrupted by user for tool use]")]
-    assert (first[4].subtype, first[4].is_error) == ("error_during_execution", True)
+    assert [type(m).__name__ for m in first] == ["SystemMessage", "SystemMessage", "AssistantMessage", "SystemMessage",
+                                                 "UserMessage", "UserMessage", "ResultMessage"]
+    assert [first[1].subtype, first[3].subtype] == ["status", "permission_denied"]
+    assert first[4].content[0].content == "stop right there" and first[4].content[0].is_error
+    assert first[5].content == [TextBlock(text="[Request interrupted by user for tool use]")]
+    assert (first[6].subtype, first[6].is_error) == ("error_during_execution", True)
     assert len(server.bodies) == 2 and not (workspace / "made").exists()  # the model was not asked again
     assert seen["second"][-1].result == "again"
     assert server.bodies[1]["messages"][-2]["content"] == "[Request interrupted by user for tool use]"
@@ -286,3 +287,18 @@ def test_sdk_mode_asks_about_a_command_with_an_expansion_that_a_prefix_rule_woul
 
     anyio.run(run)
     assert asked == ["echo $HOME_SECRET"] and tool_results(server.bodies[1]) == ["plain\n[exit code 0]", "not that"]
+
+
+def test_stream_json_says_status_before_each_request_and_each_denial(serve, run, workspace):
+    server = serve(tool_then([call("Bash", {"command": "rm -rf x"}, id="r1")], last_result))
+    result = run(["-p", "go", "--output-format", "stream-json", "--verbose", "--disallowedTools", "Bash(rm:*)"],
+                 cwd=workspace, base_url=server.url)
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    system = [e for e in events if e["type"] == "system" and e["subtype"] != "init"]
+    status, denied, again = system
+    session = events[-1]["session_id"]
+    assert status == {"type": "system", "subtype": "status", "status": "requesting", "parent_tool_use_id": None,
+                      "session_id": session, "uuid": status["uuid"]} and again["subtype"] == "status"
+    assert (denied["subtype"], denied["tool_name"], denied["tool_use_id"]) == ("permission_denied", "Bash", "r1")
+    assert denied["message"].startswith("Error: permission denied by Bash(rm:*)")
+    assert events.index(denied) < next(i for i, e in enumerate(events) if e["type"] == "user")
