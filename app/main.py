@@ -208,6 +208,7 @@ class Config(NamedTuple):
     partial_messages: bool = False  # stream-json: also a stream_event line per text delta
     session_id: str = ""  # sent as the x-session-id header: OpenRouter keeps the provider (and its cache)
     settings: tuple[Layer, ...] = ()  # Claude Code's settings files, lowest precedence first
+    sources: tuple[str, ...] = ("user", "project", "local")  # --setting-sources: settings and CLAUDE.md files read
     given: frozenset[str] = frozenset()  # fields a flag or the environment set: settings files do not change them
     input_format: str = "text"  # stream-json: the Agent SDK drives the run through stdin (SDK mode)
     system_prompt: str = ""  # replaces solo's own instructions (--system-prompt, --system-prompt-file); "": keep them
@@ -2940,6 +2941,14 @@ def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path,
     return "".join(out)
 
 
+def memory_source(path: Path, home: Path | None) -> str:
+    """The setting source an instruction file belongs to, as Claude Code counts its memory: the user's
+    ~/.claude/CLAUDE.md, a CLAUDE.local.md (local), or the project's."""
+    if home is not None and path == home / ".claude" / "CLAUDE.md":
+        return "user"
+    return "local" if path.name == "CLAUDE.local.md" else "project"
+
+
 def project_instructions(cfg: Config, notice: Callable[[str], None], *,
                          outside: Callable[[Path], bool] = lambda path: False) -> str:
     """The user's instruction files, each headed by its path, at most INSTRUCTIONS_LIMIT bytes in all; `outside`
@@ -2948,6 +2957,8 @@ def project_instructions(cfg: Config, notice: Callable[[str], None], *,
         return ""
     parts, loaded, cut, room = [], [], [], INSTRUCTIONS_LIMIT
     for path, within in instruction_files(cfg.cwd, cfg.home):
+        if memory_source(path, cfg.home) not in cfg.sources:  # --setting-sources leaves it out
+            continue
         with contextlib.suppress(OSError):
             mine = cfg.home is not None and path == cfg.home / ".claude" / "CLAUDE.md"
             text = expand_imports(read_small(path, head=True), path.parent, cfg.home, (path.resolve(),), within,
@@ -6331,7 +6342,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         sandbox_network=args.sandbox_network == "on", sandbox_unix=args.sandbox_unix_sockets == "on",
         add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir),
         solo_home=Path(solo_home) if (solo_home := env.get("SOLO_HOME", "").strip()) else home and home / ".solo",
-        settings=read_settings(sources, home, cwd, args.settings), given=frozenset(given), **sdk_settings(args)),
+        settings=read_settings(sources, home, cwd, args.settings), sources=sources, given=frozenset(given),
+        **sdk_settings(args)),
         trusted=False)
 
 

@@ -302,3 +302,23 @@ def test_stream_json_says_status_before_each_request_and_each_denial(serve, run,
     assert (denied["subtype"], denied["tool_name"], denied["tool_use_id"]) == ("permission_denied", "Bash", "r1")
     assert denied["message"].startswith("Error: permission denied by Bash(rm:*)")
     assert events.index(denied) < next(i for i, e in enumerate(events) if e["type"] == "user")
+
+
+@pytest.mark.parametrize("sources, read", [
+    ([], set()),
+    (["user"], {"MINE"}),
+    (["project"], {"PROJECT"}),
+    (["local"], {"LOCAL"}),
+    (None, {"MINE", "PROJECT", "LOCAL"}),  # the command line's default: all three
+])
+def test_setting_sources_choose_the_claude_md_files_too(serve, run, workspace, sources, read):
+    home = workspace.parent / "home"
+    (home / ".claude").mkdir(parents=True, exist_ok=True)
+    (home / ".claude" / "CLAUDE.md").write_text("MINE")
+    (workspace / "CLAUDE.md").write_text("PROJECT")
+    (workspace / "CLAUDE.local.md").write_text("LOCAL")
+    server = serve(lambda body: reply("ok"))
+    flags = [] if sources is None else [f"--setting-sources={','.join(sources)}"]
+    assert run(["-p", "hi", *flags], cwd=workspace, base_url=server.url, env={"HOME": str(home)}).code == 0
+    system = server.bodies[0]["messages"][0]["content"]
+    assert {word for word in ("MINE", "PROJECT", "LOCAL") if word in system} == read
