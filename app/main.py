@@ -220,7 +220,7 @@ class Config(NamedTuple):
     include_hook_events: bool = False  # stream-json: a line as each hook starts and answers
     agents: tuple[tuple[str, dict], ...] = ()  # --agents and the SDK's agents: sub-agent types beside .claude/agents
     await_initialize: bool = False  # SDK mode: the SDK's initialize request comes first and shapes the run
-    bypass_allowed: bool = False  # SDK mode: set_permission_mode may switch to bypassPermissions (started so, or allowed)
+    bypass_allowed: bool = False  # SDK mode: set_permission_mode may turn to bypassPermissions (started so, or allowed)
 
 
 # --- Errors ---------------------------------------------------------------------------------------
@@ -2811,8 +2811,9 @@ def defined_agent(name: str, spec: Any) -> AgentType:
     if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, str) for tool in tools)):
         raise ValueError(f"agent {name!r}: tools is a list of tool names")
     model = spec.get("model") if isinstance(spec.get("model"), str) else ""
+    model = "" if model.strip() in ("", "inherit") else model_id(model)
     return AgentType(name, one_line(spec["description"].strip(), 300), spec["prompt"],
-                     None if tools is None else tuple(tools), "" if model.strip() in ("", "inherit") else model_id(model))
+                     None if tools is None else tuple(tools), model)
 
 
 def agent_specs(given: Any, origin: str) -> tuple[tuple[str, dict], ...]:
@@ -3745,7 +3746,7 @@ def setting(layers: list[Layer], key: str, default: Any = None) -> Any:
 
 def apply_settings(cfg: Config, trusted: bool) -> Config:
     """The Config with what the settings files say: model, defaultMode and cleanupPeriodDays unless a flag or the
-    environment chose, additionalDirectories (folders a workspace-write sandbox may write in)."""
+    environment chose, additionalDirectories (folders inside the boundary, and a workspace-write sandbox's)."""
     layers = in_force(cfg.settings, trusted)
     if not layers:
         return cfg
@@ -3755,7 +3756,7 @@ def apply_settings(cfg: Config, trusted: bool) -> Config:
     days = cfg.session_days if "session_days" in cfg.given else setting(layers, "cleanupPeriodDays", cfg.session_days)
     extra = [Path(os.path.abspath(os.path.expanduser(d))) for layer in layers
              for d in layer.data.get("permissions", {}).get("additionalDirectories", [])]
-    extra = [d for d in extra if d.is_dir()] if cfg.sandbox == "workspace-write" else []
+    extra = [d for d in extra if d.is_dir()] if cfg.sandbox != "read-only" else []  # the boundary; a sandbox's too
     return cfg._replace(model=model, permission_mode=mode, session_days=days if days > 0 else cfg.session_days,
                         add_dirs=tuple(dict.fromkeys((*cfg.add_dirs, *extra))))
 
@@ -3989,6 +3990,15 @@ def call_paths(tool: str, args: dict, cwd: Path) -> list[str]:
         return []
     path = os.path.normpath(os.path.join(cwd, os.path.expanduser(written)))
     return list(dict.fromkeys((path, os.path.realpath(path))))
+
+
+def beyond(tool: str, args: dict, cwd: Path, folders: tuple[Path, ...]) -> bool:
+    """Whether a file tool's call touches a path outside the working directory and the added folders, as written or
+    where its links lead: Claude Code asks before those, even for reading."""
+    if tool not in EDITORS + READERS:
+        return False
+    roots = {Path(form) for folder in (cwd, *folders) for form in (os.path.abspath(folder), os.path.realpath(folder))}
+    return any(not any(Path(path).is_relative_to(root) for root in roots) for path in call_paths(tool, args, cwd))
 
 
 def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None, loose: bool) -> bool:
@@ -6040,13 +6050,13 @@ class Agent:
         kind, rule = decide(self.rules, tool, args, cfg.cwd, cfg.home)
         if kind == "deny":
             return f"by {rule.text} ({rule.origin})"
-        changes = known is None or known.asks
+        changes, outside = known is None or known.asks, beyond(tool, args, cfg.cwd, cfg.add_dirs)
         if cfg.permission_mode == "plan" and changes:
             return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
         mode = cfg.permission_mode
         if kind != "ask" and hint != "ask":
-            free = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in EDITORS)
-            if kind == "allow" or hint == "allow" or not (changes or tool == "WebFetch") or free or \
+            free = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in EDITORS and not outside)
+            if kind == "allow" or hint == "allow" or not (changes or outside or tool == "WebFetch") or free or \
                     not (self.ask_user or mode == "dontAsk"):
                 return ""  # with -p, a call no rule asks about runs, as it always has; a session asks for a new domain
         if mode == "dontAsk":
@@ -8364,8 +8374,8 @@ class SdkRun:
     def wait_for_initialize(self) -> None:
         """Wait until initialize is answered, its options then shaping the run; without --await-initialize, a prompt
         that comes first (a program that sends none) starts the run too, and so does the end of stdin."""
-        link = self.link
-        while not self.initialized.wait(0.02) and not link.closed and (self.cfg.await_initialize or link.prompts.empty()):
+        link, waiting = self.link, lambda: self.cfg.await_initialize or link.prompts.empty()
+        while not self.initialized.wait(0.02) and not link.closed and waiting():
             pass
 
     def emit(self, event: dict) -> None:

@@ -322,3 +322,71 @@ def test_setting_sources_choose_the_claude_md_files_too(serve, run, workspace, s
     assert run(["-p", "hi", *flags], cwd=workspace, base_url=server.url, env={"HOME": str(home)}).code == 0
     system = server.bodies[0]["messages"][0]["content"]
     assert {word for word in ("MINE", "PROJECT", "LOCAL") if word in system} == read
+
+
+def reads_outside(outside: Path):
+    """A model that reads a file inside the working directory and one outside it, then answers with the results."""
+    return tool_then([call("Read", {"file_path": "inside.txt"}, id="r1"),
+                      call("Read", {"file_path": str(outside / "secret.txt")}, id="r2"),
+                      call("Grep", {"pattern": "s", "path": str(outside)}, id="g1")], lambda body: json.dumps(
+                          tool_results(body)))
+
+
+@pytest.mark.parametrize("add_dir", [False, True])
+def test_reading_outside_the_working_directory_asks_can_use_tool(serve, workspace, tmp_path, add_dir):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("s3cret\n")
+    (workspace / "inside.txt").write_text("hello\n")
+    server = serve(reads_outside(outside))
+    asked = []
+
+    async def can_use_tool(name, tool_input, context):
+        asked.append(name)
+        return PermissionResultDeny(message="stay inside")
+
+    async def run() -> None:
+        opts = options(server, workspace, can_use_tool=can_use_tool, add_dirs=[str(outside)] if add_dir else [])
+        async with ClaudeSDKClient(options=opts) as client:
+            await client.query("go")
+            [m async for m in client.receive_response()]
+
+    anyio.run(run)
+    inside, secret, grep = tool_results(server.bodies[1])
+    assert "hello" in inside
+    if add_dir:  # --add-dir widens the boundary
+        assert asked == [] and "s3cret" in secret and "secret.txt" in grep
+    else:
+        assert asked == ["Read", "Grep"] and (secret, grep) == ("stay inside", "stay inside")
+
+
+def test_without_a_callback_sdk_mode_denies_reading_outside_and_p_reads_it(serve, run, workspace, tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret.txt").write_text("s3cret\n")
+    (workspace / "inside.txt").write_text("hello\n")
+    server = serve(reads_outside(tmp_path / "elsewhere"))
+    result = collect("go", options(server, workspace))[-1]
+    assert [d["tool_use_id"] for d in result.permission_denials] == ["r2", "g1"] and "hello" in result.result
+    result = run(["-p", "go"], cwd=workspace, base_url=server.url)  # -p runs every unmatched call, as documented
+    assert "s3cret" in result.stdout and "hello" in result.stdout
+
+
+def test_accept_edits_still_asks_before_writing_outside(serve, workspace, tmp_path):
+    server = serve(tool_then([call("Write", {"file_path": "in.txt", "content": "x"}, id="w1"),
+                              call("Write", {"file_path": str(tmp_path / "out.txt"), "content": "x"}, id="w2")],
+                             last_result))
+    asked = []
+
+    async def can_use_tool(name, tool_input, context):
+        asked.append(tool_input["file_path"])
+        return PermissionResultDeny(message="no")
+
+    async def run() -> None:
+        opts = options(server, workspace, can_use_tool=can_use_tool, permission_mode="acceptEdits")
+        async with ClaudeSDKClient(options=opts) as client:
+            await client.query("go")
+            [m async for m in client.receive_response()]
+
+    anyio.run(run)
+    assert (workspace / "in.txt").exists() and not (tmp_path / "out.txt").exists()
+    assert asked == [str(tmp_path / "out.txt")]
