@@ -196,7 +196,7 @@ class Config(NamedTuple):
     sandbox: str = "off"  # off | read-only | workspace-write
     sandbox_network: bool = False  # commands may open TCP and UDP sockets in a confined mode
     sandbox_unix: bool = False  # commands may open unix sockets in a confined mode
-    add_dirs: tuple[Path, ...] = ()  # more folders commands and tools may write in workspace-write
+    add_dirs: tuple[Path, ...] = ()  # more folders inside the boundary (workspace-write: writable too)
     home: Path | None = None  # for ~/.claude/skills
     solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: transcripts, the model-list cache (None: nothing kept)
     instructions: bool = True  # read CLAUDE.md / AGENTS.md into the system prompt
@@ -1631,6 +1631,37 @@ def count_lines(f, limit: int = 256) -> tuple[int, bool]:
     return count, False
 
 
+class Detailed(str):
+    """A tool result with Claude Code's structured form of it beside the text (the SDK's tool_use_result)."""
+
+    data: dict | None = None
+
+
+def detailed(text: str, data: dict) -> Detailed:
+    """A result carrying its structured form."""
+    result = Detailed(text)
+    result.data = data
+    return result
+
+
+def patch_hunks(old: str, new: str) -> list[dict]:
+    """Claude Code's structuredPatch: the unified diff's hunks, three lines of context (none for texts over 1 MB,
+    where a diff costs more than it tells)."""
+    if len(old) + len(new) > 1 << 20:
+        return []
+    import difflib  # only here: it costs start-up time
+    a, b = old.splitlines(), new.splitlines()
+    hunks = []
+    for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(3):
+        lines = [f"{mark}{line}" for tag, i1, i2, j1, j2 in group for mark, line in (
+            [(" ", x) for x in a[i1:i2]] if tag == "equal" else
+            [("-", x) for x in a[i1:i2]] + [("+", x) for x in b[j1:j2]])]
+        first, last = group[0], group[-1]
+        hunks.append({"oldStart": first[1] + 1, "oldLines": last[2] - first[1], "newStart": first[3] + 1,
+                      "newLines": last[4] - first[3], "lines": lines})
+    return hunks
+
+
 def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = READ_LINES) -> str:
     """Return a window of a text file's lines exactly, saying where it goes on."""
     path = existing_file(ctx, file_path)
@@ -1652,7 +1683,7 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     with f, time_limit(SEARCH_SECONDS):  # a special file under /proc can block, a sparse one go on for ever
         if encoding is None:
             raise ToolError(f"{file_path} is a binary file ({path.stat().st_size} bytes); Read shows text only")
-        parts, size, number, more = [], 0, 0, ""
+        parts, size, number, more, total = [], 0, 0, "", 0
         for number, (line, cut) in enumerate(bounded_lines(f, LINE_LIMIT + 2), start=1):
             if number < offset:
                 continue
@@ -1660,8 +1691,9 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
                 line = line[:LINE_LIMIT] + f" [line cut at {LINE_LIMIT} characters]\n"
             if number >= offset + limit or size + len(line) > READ_LIMIT:
                 rest, whole = count_lines(f)
-                total = f"{'' if whole else 'more than '}{number + rest}"
-                more = f"\n[Showing lines {offset}-{number - 1} of {total}. Use offset={number} to read on.]"
+                total = number + rest
+                more = f"\n[Showing lines {offset}-{number - 1} of {'' if whole else 'more than '}{total}. Use " \
+                       f"offset={number} to read on.]"
                 break
             parts.append(line)
             size += len(line)
@@ -1674,7 +1706,9 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     if encoding.codec != "utf-8" or encoding.bom:
         more += f"\n[{file_path} is {encoding.codec} text{' with a byte-order mark' * bool(encoding.bom)}, shown " \
                 "decoded; Edit and Write keep that encoding]"
-    return "".join(parts) + more
+    text = "".join(parts)
+    return detailed(text + more, {"type": "text", "file": {"filePath": str(path), "content": text, "numLines": len(
+        parts), "startLine": offset, "totalLines": total or number}})
 
 
 def replace_file(target: Path, data: bytes, mode: int | None) -> None:
@@ -1735,10 +1769,12 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
         raise ToolError(f"{file_path} is not a regular file (a device, a FIFO or a socket); Write replaces only files")
     if ctx.sandbox:
         ctx.sandbox.check(path, file_path)
-    existed, encoding = path.is_file(), UTF8
+    existed, encoding, original = path.is_file(), UTF8, None
     if existed:
         with open(path, "rb") as f:
-            encoding = sniff_encoding(f.read(SNIFF_BYTES)) or UTF8
+            encoding = sniff_encoding(head := f.read(SNIFF_BYTES)) or UTF8
+            with contextlib.suppress(UnicodeDecodeError, ToolError):  # the old text, for the patch
+                original = encoding.decode(head + f.read(1 << 20)) if path.stat().st_size <= 1 << 20 else None
     try:
         if not ctx.sandbox:  # in a sandbox, write_beneath makes them through handles that follow no symlink
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -1748,7 +1784,10 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
     write_file(ctx, path, data, file_path)
     forget_reads(ctx, path)
     lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
-    return f"{'Updated' if existed else 'Created'} {file_path} ({len(data)} bytes, {lines} line{'s' * (lines != 1)})"
+    said = f"{'Updated' if existed else 'Created'} {file_path} ({len(data)} bytes, {lines} line{'s' * (lines != 1)})"
+    return detailed(said, {"type": "update" if existed else "create", "filePath": str(path), "content": content,
+                           "structuredPatch": patch_hunks(original, content) if original is not None else [],
+                           "originalFile": original})
 
 
 def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
@@ -1780,10 +1819,12 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     if count > 1 and not replace_all:
         raise ToolError(f"old_string was found {count} times in {file_path}; add surrounding lines to make it unique, "
                         "or set replace_all to change every one")
-    replaced = count if replace_all else 1
-    write_file(ctx, path, encoding.encode(text.replace(old, new, replaced), file_path), file_path)
+    replaced, small = count if replace_all else 1, len(text) <= 1 << 20
+    write_file(ctx, path, encoding.encode(changed := text.replace(old, new, replaced), file_path), file_path)
     forget_reads(ctx, path)
-    return f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}"
+    return detailed(f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}", {
+        "filePath": str(path), "oldString": old_string, "newString": new_string, "originalFile": text if small else
+        None, "structuredPatch": patch_hunks(text, changed), "userModified": False, "replaceAll": replace_all})
 
 
 def is_secret(name: str, value: str) -> bool:
@@ -1849,7 +1890,9 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, ru
     text = out.text()
     notes.append(f"[exit code {code}]" + (ctx.sandbox.note(text, code) if ctx.sandbox else ""))
     notes += [undone_note(undone)] if ctx.guard and (undone := undone + ctx.guard.undo()) else []
-    return (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join(notes)
+    said = (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join(notes)
+    return detailed(said, {"stdout": text.rstrip("\n"), "stderr": "", "interrupted": any(n.startswith("[timed out")
+                                                                                         for n in notes)})
 
 
 def glob_regex(pattern: str) -> str:
@@ -3157,8 +3200,10 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
         result = tool.run(ctx._replace(call_id=str(call.get("id") or "")), **kwargs)
     except Exception as error:  # the one place a tool failure becomes a result
         result = f"Error: {error}"
-    return attached(clip(result, tool.limit), result.parts) if isinstance(result, Attached) else clip(str(result),
-                                                                                                     tool.limit)
+    text = clip(str(result), tool.limit)
+    if isinstance(result, Attached):
+        return attached(text, result.parts)
+    return detailed(text, result.data) if isinstance(result, Detailed) and result.data else text
 
 
 PLAN_NOTE = ("[Plan mode: investigate with the read-only tools and answer with a plan for the change; make no "
@@ -6718,7 +6763,7 @@ class ClaudeOutput:
             result = {"type": "tool_result", "tool_use_id": event["id"], "content": content,
                       "is_error": event["is_error"]}
             self.write({"type": "user", "message": {"role": "user", "content": [result]}, **self.common(parent),
-                        "tool_use_result": content})
+                        "tool_use_result": getattr(event["content"], "data", None) or content})
         elif kind == "api_retry":
             self.write({"type": "system", "subtype": "api_retry", **{k: event[k] for k in (
                 "attempt", "max_retries", "retry_delay_ms", "error_status", "error")}, **self.common()})

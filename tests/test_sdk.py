@@ -48,7 +48,8 @@ def test_query_runs_a_tool_and_ends_with_a_result(serve, workspace):
     assert init.data["permissionMode"] == "bypassPermissions" and "Bash" in init.data["tools"]
     assert use.content == [ToolUseBlock(id="c1", name="Bash", input={"command": "echo hi"})]
     assert use.model == "anthropic/claude-4.5-haiku-20251001" and use.message_id.startswith("msg_")
-    assert result_message.content[0].content == result_message.tool_use_result == "hi\n[exit code 0]"
+    assert result_message.content[0].content == "hi\n[exit code 0]"  # the text the model read; Claude Code's object:
+    assert result_message.tool_use_result == {"stdout": "hi", "stderr": "", "interrupted": False}
     assert answer.content == [TextBlock(text="done")] and answer.usage["cache_read_input_tokens"] == 50
     assert (result.subtype, result.is_error, result.result, result.num_turns) == ("success", False, "done", 2)
     assert result.stop_reason == "end_turn" and result.session_id == init.data["session_id"]
@@ -230,7 +231,7 @@ def test_stream_json_shapes_as_jq_recipes_read_them(serve, run, workspace):
     assert json.loads(partial) == {"command": "echo hi"}
     assert [s["delta"]["stop_reason"] for s in stream if s["type"] == "message_delta"] == ["tool_use", "end_turn"]
     user = next(e for e in events if e["type"] == "user")
-    assert user["tool_use_result"] == "hi\n[exit code 0]"
+    assert user["tool_use_result"] == {"stdout": "hi", "stderr": "", "interrupted": False}
     last = events[-1]  # jq '.result', '.total_cost_usd', '.usage | .input_tokens + .cache_read_input_tokens'
     assert (last["type"], last["result"], last["terminal_reason"], last["stop_reason"]) == (
         "result", "the answer", "completed", "end_turn")

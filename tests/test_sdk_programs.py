@@ -390,3 +390,30 @@ def test_accept_edits_still_asks_before_writing_outside(serve, workspace, tmp_pa
     anyio.run(run)
     assert (workspace / "in.txt").exists() and not (tmp_path / "out.txt").exists()
     assert asked == [str(tmp_path / "out.txt")]
+
+
+def test_tool_use_result_is_claude_code_s_object_for_built_in_tools(serve, workspace):
+    (workspace / "notes.txt").write_text("one\ntwo\nthree\n")
+    (workspace / "old.txt").write_text("a\nb\n")
+    server = serve(tool_then([call("Read", {"file_path": "notes.txt", "offset": 2, "limit": 1}, id="r1"),
+                              call("Edit", {"file_path": "notes.txt", "old_string": "two", "new_string": "2"}, id="e1"),
+                              call("Write", {"file_path": "new.txt", "content": "x\n"}, id="w1"),
+                              call("Write", {"file_path": "old.txt", "content": "a\nB\n"}, id="w2"),
+                              call("Bash", {"command": "echo out; echo err >&2"}, id="b1")], "done"))
+    messages = collect("go", options(server, workspace, permission_mode="bypassPermissions"))
+    results = {m.content[0].tool_use_id: m for m in messages if type(m).__name__ == "UserMessage"}
+    read = results["r1"].tool_use_result
+    assert read == {"type": "text", "file": {"filePath": str(workspace / "notes.txt"), "content": "two\n",
+                                             "numLines": 1, "startLine": 2, "totalLines": 3}}
+    assert results["r1"].content[0].content.startswith("two\n\n[Showing lines 2-2 of 3.")  # the text is unchanged
+    edit = results["e1"].tool_use_result
+    assert (edit["filePath"], edit["oldString"], edit["newString"], edit["replaceAll"]) == (
+        str(workspace / "notes.txt"), "two", "2", False)
+    assert edit["originalFile"] == "one\ntwo\nthree\n" and edit["structuredPatch"] == [
+        {"oldStart": 1, "oldLines": 3, "newStart": 1, "newLines": 3, "lines": [" one", "-two", "+2", " three"]}]
+    created, updated = results["w1"].tool_use_result, results["w2"].tool_use_result
+    assert created == {"type": "create", "filePath": str(workspace / "new.txt"), "content": "x\n",
+                       "structuredPatch": [], "originalFile": None}
+    assert updated["type"] == "update" and updated["structuredPatch"][0]["lines"] == [" a", "-b", "+B"]
+    bash = results["b1"].tool_use_result
+    assert bash == {"stdout": "out\nerr", "stderr": "", "interrupted": False}  # solo keeps the two in order, as one
