@@ -5254,6 +5254,18 @@ def repaired(messages: list[dict], started: set[str], path: Path) -> list[dict]:
     return fixed
 
 
+def claude_user_message(message: dict) -> dict:
+    """A prompt or a tool result as Claude Code's user message: its text, or a tool_result block."""
+    content = message.get("content")
+    if isinstance(content, list):  # a prompt with images: its text parts
+        content = [{"type": "text", "text": p["text"]} for p in content if isinstance(p, dict) and p.get("type") ==
+                   "text" and isinstance(p.get("text"), str)]
+    if message.get("role") == "tool":
+        content = [{"type": "tool_result", "tool_use_id": message.get("tool_call_id"), "content": content,
+                    "is_error": isinstance(content, str) and content.startswith("Error:")}]
+    return {"role": "user", "content": content}
+
+
 class Conversation(list):
     """A conversation's messages: every change is also written to its transcript, as it happens."""
 
@@ -5265,6 +5277,7 @@ class Conversation(list):
         self.todos: list[dict] = []  # its to-do list (TodoWrite)
         self.tokens = 0  # the last prompt's size in tokens
         self.compactions = self.floor = 0  # how many, and the length the last one left
+        self.uuid: str | None = None  # the last line in Claude Code's shape, which the next one follows
 
     def note(self, entry: dict) -> None:
         """Write one line of this conversation (a sub-agent's are marked, so resuming skips them)."""
@@ -5273,9 +5286,20 @@ class Conversation(list):
                 {"agent": self.sidechain} if isinstance(self.sidechain, str) else {})} if self.sidechain else entry)
 
     def append(self, message: dict) -> None:
-        """Add a message."""
+        """Add a message (a prompt or a tool result also as Claude Code's user line)."""
         super().append(message)
         self.note(message)
+        if self.transcript and message.get("role") in ("user", "tool"):
+            self.chain({"type": "user", "message": claude_user_message(message)})
+
+    def chain(self, entry: dict) -> None:
+        """A line in Claude Code's shape beside the messages, following the one before (the Agent SDK's
+        list_sessions and get_session_messages, pointed at SOLO_HOME, read those); resuming skips it."""
+        if self.transcript:
+            self.uuid, parent = new_uuid(), self.uuid
+            stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            self.transcript.write({**entry, "uuid": self.uuid, "parentUuid": parent, "isSidechain": bool(
+                self.sidechain), "sessionId": self.transcript.path.stem, "timestamp": stamp}, compact=True)
 
     def __delitem__(self, index: Any) -> None:
         """Drop messages from the end (a cancelled turn, /clear)."""
@@ -5842,7 +5866,7 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
         message = assistant_message(choice["message"], turn, seen_ids)
         messages.append(message)
         if isinstance(messages, Conversation) and messages.transcript:  # for ccusage; resuming skips it
-            messages.transcript.write(usage_entry(cfg, response, messages.sidechain), compact=True)
+            messages.chain(usage_entry(cfg, response, messages.sidechain, message))
         emit({"type": "assistant", "message": message, "usage": response.get("usage"), "id": response.get("id"),
               "model": response.get("model") or cfg.model, "finish_reason": choice.get("finish_reason")})
         if not message.get("tool_calls"):
@@ -6525,15 +6549,16 @@ def claude_blocks(message: dict) -> list[dict]:
     return blocks
 
 
-def usage_entry(cfg: Config, response: dict, sidechain: bool) -> dict:
-    """A transcript line in Claude Code's shape with one reply's usage and cost, which ccusage (pointed at SOLO_HOME
-    with CLAUDE_CONFIG_DIR) reads; resuming skips it (it is no message)."""
+def usage_entry(cfg: Config, response: dict, sidechain: bool, message: dict | None = None) -> dict:
+    """A transcript line in Claude Code's shape with one reply, its usage and cost, which ccusage and the Agent SDK's
+    session functions (pointed at SOLO_HOME with CLAUDE_CONFIG_DIR) read; resuming skips it (it is no message)."""
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     cost = usage.get("cost")
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return {"type": "assistant", "isSidechain": sidechain, "sessionId": cfg.session_id, "cwd": str(cfg.cwd),
             "version": VERSION, "timestamp": stamp, "requestId": response.get("id"),
-            "message": {"id": response.get("id"), "model": cfg.model, "usage": claude_usage(usage)},
+            "message": {"id": response.get("id"), "type": "message", "role": "assistant", "model": cfg.model,
+                        "content": claude_blocks(message or {}), "usage": claude_usage(usage)},
             **({"costUSD": cost} if isinstance(cost, (int, float)) and not isinstance(cost, bool) else {})}
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from claude_agent_sdk import AgentDefinition, ClaudeSDKClient, HookMatcher, PermissionResultDeny, TextBlock
+from claude_agent_sdk import (AgentDefinition, ClaudeSDKClient, HookMatcher, PermissionResultDeny, TextBlock,
+                              get_session_messages, list_sessions)
 
 from app import main as agent
 from tests.conftest import PROGRAM
@@ -417,3 +418,21 @@ def test_tool_use_result_is_claude_code_s_object_for_built_in_tools(serve, works
     assert updated["type"] == "update" and updated["structuredPatch"][0]["lines"] == [" a", "-b", "+B"]
     bash = results["b1"].tool_use_result
     assert bash == {"stdout": "out\nerr", "stderr": "", "interrupted": False}  # solo keeps the two in order, as one
+
+
+def test_the_sdk_s_session_functions_find_solo_s_sessions(serve, workspace, tmp_path, monkeypatch):
+    solo_home = tmp_path / "solo-home"
+    server = serve(tool_then([call("Bash", {"command": "echo hi"}, id="c1")], "all done"))
+    opts = options(server, workspace, permission_mode="bypassPermissions")
+    opts.env["SOLO_HOME"] = str(solo_home)
+    result = collect("say hi", opts)[-1]
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(solo_home))
+    [info] = list_sessions(directory=str(workspace))
+    assert (info.session_id, info.first_prompt, info.cwd) == (result.session_id, "say hi", str(workspace))
+    messages = get_session_messages(result.session_id, directory=str(workspace))
+    assert [m.type for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[0].message["content"] == "say hi" and messages[-1].message["content"] == [
+        {"type": "text", "text": "all done"}]
+    assert messages[1].message["content"][0] == {"type": "tool_use", "id": "c1", "name": "Bash",
+                                                 "input": {"command": "echo hi"}}
+    assert messages[2].message["content"][0]["tool_use_id"] == "c1"
