@@ -209,6 +209,7 @@ class Config(NamedTuple):
     session_id: str = ""  # sent as the x-session-id header: OpenRouter keeps the provider (and its cache)
     settings: tuple[Layer, ...] = ()  # Claude Code's settings files, lowest precedence first
     sources: tuple[str, ...] = ("user", "project", "local")  # --setting-sources: settings and CLAUDE.md files read
+    aliases: tuple[tuple[str, str], ...] = ()  # sonnet, opus, haiku as OpenRouter's newest; (): MODEL_ALIASES' table
     given: frozenset[str] = frozenset()  # fields a flag or the environment set: settings files do not change them
     input_format: str = "text"  # stream-json: the Agent SDK drives the run through stdin (SDK mode)
     system_prompt: str = ""  # replaces solo's own instructions (--system-prompt, --system-prompt-file); "": keep them
@@ -3795,7 +3796,8 @@ def apply_settings(cfg: Config, trusted: bool) -> Config:
     layers = in_force(cfg.settings, trusted)
     if not layers:
         return cfg
-    model = cfg.model if "model" in cfg.given else model_id(setting(layers, "model", cfg.model) or cfg.model)
+    model = cfg.model if "model" in cfg.given else model_id(setting(layers, "model", cfg.model) or cfg.model,
+                                                            cfg.aliases)
     mode = setting(layers, "permissions.defaultMode", cfg.permission_mode)
     mode = cfg.permission_mode if "permission_mode" in cfg.given or mode not in PERMISSION_MODES else mode
     days = cfg.session_days if "session_days" in cfg.given else setting(layers, "cleanupPeriodDays", cfg.session_days)
@@ -4990,6 +4992,29 @@ class StreamedReply:
         return {**self.response, "object": "chat.completion", "choices": [{"index": 0, **settled(self.choice)}]}
 
 
+ALIAS_FAMILIES = {"sonnet": "sonnet", "opus": "opus", "haiku": "haiku", "opusplan": "opus"}  # Claude Code's names
+
+
+def newest_aliases(models: list[dict]) -> dict[str, str]:
+    """Claude Code's aliases as the newest anthropic/claude-<family>-<version> of each family in a model list."""
+    newest: dict[str, tuple[tuple[int, int], str]] = {}
+    for model in models:
+        if found := re.fullmatch(r"anthropic/claude-(sonnet|opus|haiku)-(\d+)(?:\.(\d+))?", str(model.get("id"))):
+            version = (int(found.group(2)), int(found.group(3) or 0))
+            if found.group(1) not in newest or version > newest[found.group(1)][0]:
+                newest[found.group(1)] = (version, found.group(0))
+    return {alias: newest[family][1] for alias, family in ALIAS_FAMILIES.items() if family in newest}
+
+
+def cached_aliases(cfg: Config) -> dict[str, str] | None:
+    """The aliases the model list gave, kept under solo_home, if it was fetched less than a day ago."""
+    entry = (read_json(cfg.solo_home / "models.json") if cfg.solo_home else {}).get(f"{cfg.base_url} aliases")
+    if not (isinstance(entry, dict) and isinstance(entry.get("time"), (int, float)) and isinstance(
+            entry.get("aliases"), dict) and time.time() - entry["time"] < MODEL_LIST_SECONDS):
+        return None
+    return {name: model for name, model in entry["aliases"].items() if isinstance(model, str)}
+
+
 class ModelClient:
     """Posts requests to OpenRouter over one session, retrying what is transient; streams when asked."""
 
@@ -5048,13 +5073,19 @@ class ModelClient:
                        "first_byte_seconds": round((first or ended) - started, 3)})
 
     def model_list(self) -> list[dict] | None:
-        """The API's model list (GET /models: id, context_length, top_provider, pricing); None out of reach."""
+        """The API's model list (GET /models: id, context_length, top_provider, pricing); None out of reach. The
+        aliases it gives are kept a day under solo_home."""
         try:
             response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
                                         timeout=(self.cfg.connect_timeout, 30))
-            return [m for m in response.json()["data"] if isinstance(m, dict)]
+            models = [m for m in response.json()["data"] if isinstance(m, dict)]
         except (requests.RequestException, ValueError, KeyError, TypeError):
             return None
+        if path := self.cfg.solo_home and self.cfg.solo_home / "models.json":
+            with contextlib.suppress(OSError):
+                write_private(path, json.dumps({**read_json(path), f"{self.cfg.base_url} aliases": {
+                    "time": time.time(), "aliases": newest_aliases(models)}}))
+        return models
 
     def check_model(self, model: str) -> None:
         """UsageError, naming the closest names, for a model the API's list lacks; a notice when there is no list."""
@@ -6338,7 +6369,7 @@ MODEL_ALIASES = {"sonnet": "anthropic/claude-sonnet-4.5", "opus": "anthropic/cla
                  "haiku": "anthropic/claude-haiku-4.5", "opusplan": "anthropic/claude-opus-4.5"}
 
 
-def model_id(name: str) -> str:
+def model_id(name: str, aliases: Iterable[tuple[str, str]] = ()) -> str:
     """The OpenRouter id for a model name: Claude Code's aliases (sonnet, opus, haiku) and ids (claude-haiku-4-5,
     claude-sonnet-4-5-20250929, claude-3-7-sonnet-latest) map to anthropic/...; a name with a / passes unchanged."""
     name = name.strip()
@@ -6352,7 +6383,7 @@ def model_id(name: str) -> str:
     if found := re.fullmatch(r"claude-(\d+)(?:-(\d))?-([a-z]+)", base):  # claude-3-7-sonnet
         major, minor, family = found.groups()
         return f"anthropic/claude-{major}" + (f".{minor}" if minor else "") + f"-{family}"
-    return MODEL_ALIASES.get(base, name)  # not one of Claude Code's names: as it is (the API says what it knows)
+    return {**MODEL_ALIASES, **dict(aliases)}.get(base, name)  # not one of Claude Code's names: as it is
 
 
 def env_number(env: dict[str, str], name: str, default: float) -> float:
@@ -6400,7 +6431,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     given = {"model"} if args.model or env.get("OPENROUTER_MODEL", "").strip() else set()
     given |= {"permission_mode"} if args.yes or args.permission_mode else set()
     given |= {"session_days"} if env.get("SOLO_SESSION_DAYS", "").strip() else set()
-    return apply_settings(Config(
+    return apply_settings(follow_aliases(Config(
         api_key=api_key, cwd=cwd, base_url=api_base_url(env), max_turns=args.max_turns, max_cost=args.max_cost,
         model=model_id(args.model or env.get("OPENROUTER_MODEL", "").strip() or DEFAULT_MODEL), verbose=args.verbose,
         connect_timeout=args.connect_timeout or env_number(env, "SOLO_CONNECT_TIMEOUT", 10.0),
@@ -6422,8 +6453,23 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir),
         solo_home=Path(solo_home) if (solo_home := env.get("SOLO_HOME", "").strip()) else home and home / ".solo",
         settings=read_settings(sources, home, cwd, args.settings), sources=sources, given=frozenset(given),
-        **sdk_settings(args)),
-        trusted=False)
+        **sdk_settings(args)), args, env), trusted=False)
+
+
+def follow_aliases(cfg: Config, args: argparse.Namespace, env: dict[str, str]) -> Config:
+    """The Config with Claude Code's aliases (and the default model, haiku's) as OpenRouter's newest models: from the
+    model list kept a day, or asked now when the run names an alias; else today's table."""
+    named = args.model or env.get("OPENROUTER_MODEL", "").strip()
+    aliases = cached_aliases(cfg)
+    if aliases is None and cfg.solo_home and any(
+            name.strip().lower() in MODEL_ALIASES for name in (named, args.fallback_model or "")):
+        ModelClient(cfg, emit=lambda event: None).model_list()  # keeps them
+        aliases = cached_aliases(cfg)
+    if not aliases:
+        return cfg
+    return cfg._replace(aliases=tuple(aliases.items()), model=cfg.model if "model" in cfg.given and named.strip(
+        ).lower() not in MODEL_ALIASES else model_id(named or "haiku", aliases.items()),
+        fallback_model=model_id(args.fallback_model or "", aliases.items()))
 
 
 def prompt_file(path: str | None) -> str:
@@ -7894,7 +7940,7 @@ class Session:
         """/model [NAME]: the model, switched to NAME."""
         agent = self.agent
         if name:
-            model = model_id(name)
+            model = model_id(name, agent.cfg.aliases)
             agent.model.check_model(model)
             agent.cfg = agent.cfg._replace(model=model)
             self.messages.note({"type": "model", "model": agent.cfg.model})
@@ -8512,7 +8558,7 @@ class SdkRun:
                 "agents": [{"name": k.name, "description": k.description, **({"model": k.model} if k.model else {})}
                            for k in kinds.values()],
                 "output_style": "default", "available_output_styles": ["default"],
-                "models": [{"value": name, "displayName": name, "description": model_id(name)}
+                "models": [{"value": name, "displayName": name, "description": model_id(name, cfg.aliases)}
                            for name in MODEL_ALIASES],
                 "account": {}, "pid": os.getpid(), "claude_code_version": CLAUDE_CODE_PROTOCOL, "solo_version": VERSION,
                 "current_model": cfg.model, "current_permission_mode": cfg.permission_mode,
@@ -8542,7 +8588,7 @@ class SdkRun:
 
     def set_model(self, request: dict) -> dict:
         """Change the model from the next prompt on (none: the default)."""
-        self.changes["model"] = model_id(str(request.get("model") or DEFAULT_MODEL))
+        self.changes["model"] = model_id(str(request.get("model") or "haiku"), self.cfg.aliases)  # none: the default
         return {}
 
     def add_hooks(self) -> None:

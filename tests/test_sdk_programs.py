@@ -436,3 +436,30 @@ def test_the_sdk_s_session_functions_find_solo_s_sessions(serve, workspace, tmp_
     assert messages[1].message["content"][0] == {"type": "tool_use", "id": "c1", "name": "Bash",
                                                  "input": {"command": "echo hi"}}
     assert messages[2].message["content"][0]["tool_use_id"] == "c1"
+
+
+LISTED = [{"id": f"anthropic/claude-{name}"} for name in ("sonnet-4.5", "sonnet-4.6", "haiku-4.5", "haiku-5",
+                                                          "opus-4.1")] + [{"id": "openai/gpt-5"}]
+
+
+def test_aliases_follow_openrouter_s_newest_models_kept_a_day(serve, run, workspace, tmp_path):
+    server = serve(lambda body: reply(body["model"]), accept="", models=LISTED)
+    env = {"SOLO_HOME": str(tmp_path / "solo-home")}
+    assert run(["-p", "hi", "--model", "sonnet"], cwd=workspace, base_url=server.url, env=env).stdout == \
+        "anthropic/claude-sonnet-4.6\n"
+    assert server.gets == ["/api/v1/models"]  # asked once, because the run named an alias
+    assert run(["-p", "hi"], cwd=workspace, base_url=server.url, env=env).stdout == "anthropic/claude-haiku-5\n"
+    assert run(["-p", "hi", "--model", "opus"], cwd=workspace, base_url=server.url, env=env).stdout == \
+        "anthropic/claude-opus-4.1\n"
+    assert run(["-p", "hi", "--model", "openai/gpt-5"], cwd=workspace, base_url=server.url, env=env).stdout == \
+        "openai/gpt-5\n"
+    assert server.gets == ["/api/v1/models"]  # the list is kept a day
+
+
+def test_aliases_fall_back_to_today_s_table_without_the_list(serve, run, workspace, tmp_path):
+    server = serve(lambda body: reply(body["model"]), accept="")  # GET /models: 404
+    env = {"SOLO_HOME": str(tmp_path / "solo-home")}
+    assert run(["-p", "hi", "--model", "sonnet"], cwd=workspace, base_url=server.url, env=env).stdout == \
+        "anthropic/claude-sonnet-4.5\n"
+    assert run(["-p", "hi"], cwd=workspace, base_url=server.url, env=env).stdout == "anthropic/claude-haiku-4.5\n"
+    assert server.gets == ["/api/v1/models"]  # only a run naming an alias asks: a default run pays nothing
