@@ -1646,14 +1646,14 @@ def detailed(text: str, data: dict) -> Detailed:
 
 
 def patch_hunks(old: str, new: str) -> list[dict]:
-    """Claude Code's structuredPatch: the unified diff's hunks, three lines of context (none for texts over 1 MB,
+    """Claude Code's structuredPatch: the unified diff's hunks, three lines of context (none for texts over 256 KB,
     where a diff costs more than it tells)."""
-    if len(old) + len(new) > 1 << 20:
+    if len(old) + len(new) > 1 << 18:
         return []
     import difflib  # only here: it costs start-up time
     a, b = old.splitlines(), new.splitlines()
     hunks = []
-    for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(3):
+    for group in difflib.SequenceMatcher(None, a, b).get_grouped_opcodes(3):
         lines = [f"{mark}{line}" for tag, i1, i2, j1, j2 in group for mark, line in (
             [(" ", x) for x in a[i1:i2]] if tag == "equal" else
             [("-", x) for x in a[i1:i2]] + [("+", x) for x in b[j1:j2]])]

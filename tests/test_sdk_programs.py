@@ -463,3 +463,46 @@ def test_aliases_fall_back_to_today_s_table_without_the_list(serve, run, workspa
         "anthropic/claude-sonnet-4.5\n"
     assert run(["-p", "hi"], cwd=workspace, base_url=server.url, env=env).stdout == "anthropic/claude-haiku-4.5\n"
     assert server.gets == ["/api/v1/models"]  # only a run naming an alias asks: a default run pays nothing
+
+
+SDK_FLAGS = ["--output-format", "stream-json", "--verbose", "--input-format", "stream-json"]
+
+
+def protocol(server, workspace, lines: list[dict], *flags: str) -> list[dict]:
+    """What solo writes in SDK mode for these stdin lines (stdin then closed)."""
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "sk-test-secret-123"}
+    done = subprocess.run([str(PROGRAM), *SDK_FLAGS, *flags], cwd=workspace, env=env, capture_output=True, text=True,
+                          input="".join(json.dumps(line) + "\n" for line in lines), timeout=60)
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_the_initialize_answer_lists_commands_skills_and_agents_and_says_what_it_applied(serve, workspace):
+    (workspace / ".claude" / "commands").mkdir(parents=True)
+    (workspace / ".claude" / "commands" / "review.md").write_text("---\ndescription: Review it\nargument-hint: "
+                                                                  "[file]\n---\nReview $ARGUMENTS\n")
+    (workspace / ".claude" / "skills" / "deploy").mkdir(parents=True)
+    (workspace / ".claude" / "skills" / "deploy" / "SKILL.md").write_text("---\nname: deploy\ndescription: Ship "
+                                                                          "it\n---\nSteps.\n")
+    server = serve(lambda body: reply("ok"))
+    initialize = {"type": "control_request", "request_id": "req_1", "request": {
+        "subtype": "initialize", "hooks": None, "appendSystemPrompt": "Be terse.",
+        "agents": {"checker": {"description": "Checks", "prompt": "You check."}}}}
+    prompt = {"type": "user", "message": {"role": "user", "content": "/review app.py"}, "parent_tool_use_id": None}
+    out = protocol(server, workspace, [initialize, prompt], "--await-initialize")
+    answer = out[0]["response"]["response"]
+    assert {(c["name"], c["description"], c["argumentHint"]) for c in answer["commands"]} == {
+        ("deploy", "Ship it", ""), ("review", "Review it", "[file]")}
+    assert answer["agents"] == [{"name": "general-purpose", "description": agent.GENERAL_AGENT.description},
+                                {"name": "checker", "description": "Checks"}]
+    assert answer["hook_on_failure_supported"] is True and answer["mcp_servers_applied"] is True
+    sent = server.bodies[0]["messages"]
+    assert sent[0]["content"].endswith("Be terse.") and sent[1]["content"] == "Review app.py"  # the command ran
+    assert out[-1]["type"] == "result" and out[-1]["subtype"] == "success"
+
+
+def test_a_program_that_sends_no_initialize_is_answered_all_the_same(serve, workspace):
+    server = serve(lambda body: reply("ok"))
+    prompt = {"type": "user", "message": {"role": "user", "content": "hi"}, "parent_tool_use_id": None}
+    out = protocol(server, workspace, [prompt])
+    assert [line["type"] for line in out] == ["system", "system", "assistant", "result"]
+    assert out[-1]["result"] == "ok"
