@@ -506,3 +506,15 @@ def test_a_program_that_sends_no_initialize_is_answered_all_the_same(serve, work
     out = protocol(server, workspace, [prompt])
     assert [line["type"] for line in out] == ["system", "system", "assistant", "result"]
     assert out[-1]["result"] == "ok"
+
+
+def test_a_session_asks_before_reading_outside_the_working_directory(serve, terminal, workspace, tmp_path):
+    (tmp_path / "secret.txt").write_text("s3cret\n")
+    server = serve(tool_then([call("Read", {"file_path": str(tmp_path / "secret.txt")})],
+                             lambda body: "read: " + last_result(body)))
+    term = terminal(server)
+    term.send("look\r")
+    term.expect(r"Allow Read\? \[y/n")
+    term.send("n\r")
+    term.expect("read: Error: permission denied")
+    assert "s3cret" not in json.dumps(server.bodies[-1]["messages"])
