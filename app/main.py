@@ -8419,7 +8419,7 @@ def initialize_config(cfg: Config, request: dict, env: dict[str, str]) -> Config
     """The Config with what an initialize request carries besides hooks (the TypeScript SDK sends these there, not as
     flags), each as its command-line twin sets it: in-process and other MCP servers (--mcp-config), the system prompt
     and its addition, sub-agent types (--agents), the answer's schema (--json-schema), refused tools
-    (--disallowedTools); UsageError for a value of the wrong shape."""
+    (--disallowedTools), settings (--settings); UsageError for a value of the wrong shape."""
     changes: dict[str, Any] = {}
     names = request.get("sdkMcpServers") if isinstance(request.get("sdkMcpServers"), list) else []
     servers = {name: {"type": "sdk", "name": name} for name in names if isinstance(name, str)}
@@ -8440,6 +8440,9 @@ def initialize_config(cfg: Config, request: dict, env: dict[str, str]) -> Config
         changes["json_schema"] = request["jsonSchema"]
     if isinstance(refused := request.get("disallowedTools"), list):
         changes["disallowed"] = cfg.disallowed + rule_list(",".join(map(str, refused)))
+    if isinstance(settings := request.get("settings"), (dict, str)):  # --settings, read last
+        text = settings if isinstance(settings, str) else json.dumps(settings)
+        changes["settings"] = (*cfg.settings, parsed_layer("flag", "--settings", text, cfg.cwd))
     return cfg._replace(**changes)
 
 
@@ -8563,7 +8566,8 @@ class SdkRun:
                 "account": {}, "pid": os.getpid(), "claude_code_version": CLAUDE_CODE_PROTOCOL, "solo_version": VERSION,
                 "current_model": cfg.model, "current_permission_mode": cfg.permission_mode,
                 "hooks": {event: len(matchers) for event, matchers in self.hooks.items()},
-                "hooks_applied": True, "hook_on_failure_supported": True, "mcp_servers_applied": applied}
+                "hooks_applied": True, "hook_on_failure_supported": True, "mcp_servers_applied": applied,
+                "settings_applied": applied, "disallowed_tools_applied": applied}
 
     def interrupt(self, request: dict) -> dict:
         """Stop the turn under way (as Ctrl-C would: its commands are killed); the run goes on."""

@@ -83,14 +83,17 @@ def test_a_typescript_program_replaces_the_prompt_defines_agents_and_asks_for_js
     messages = ts_program(server, workspace, "what is it?", systemPrompt="You are a calculator.",
                           agents={"reviewer": {"description": "Reviews code", "prompt": "You review.",
                                                "tools": ["Read"], "model": "haiku"}},
-                          outputFormat={"type": "json_schema", "schema": schema})
-    assert messages[-1] == {"done": True}, messages[-1]
+                          outputFormat={"type": "json_schema", "schema": schema},
+                          settingsDelivery="initialize", settings={"permissions": {"deny": ["Bash"]}},
+                          disallowedToolsDelivery="initialize", disallowedTools=["Write"])
+    assert messages[-1] == {"done": True}, messages[-1]  # the SDK ends at once without settings_applied and the like
     init, result = messages[0], messages[-2]
     assert init["agents"] == ["general-purpose", "reviewer"]
     assert result["structured_output"] == {"answer": 42}
     body = server.bodies[0]
     assert body["messages"][0]["content"].startswith("You are a calculator.")
     assert body["response_format"]["json_schema"]["schema"] == schema
+    assert not {"Bash", "Write"} & set(tools_offered(body)) and "Read" in tools_offered(body)
     agent_tool = next(t for t in body["tools"] if t["function"]["name"] == "Agent")
     assert "- reviewer: Reviews code" in agent_tool["function"]["description"]
 
