@@ -8479,6 +8479,7 @@ class SdkRun:
         """Answer prompts until stdin ends; the exit code is the last result's."""
         self.link.start()
         self.wait_for_initialize()
+        self.initialized.set()  # from here on, an initialize's options come too late to shape the run
         ask = self.can_use_tool if self.cfg.permission_prompt == "stdio" else lambda tool, *_: Denied(
             f"Claude requested permissions to use {tool}, but you haven't granted it yet.")  # Claude Code's words
         self.agent = Agent(self.cfg, self.env, self.emit, ask_user=ask, relay=self.mcp_message)
@@ -8550,7 +8551,7 @@ class SdkRun:
     def initialize(self, request: dict) -> dict:
         """The SDK's first request: keep its hooks, apply its options (before the run starts); say what solo offers
         and what it applied."""
-        applied = self.agent is None and not self.initialized.is_set()  # options that come late change nothing
+        applied = not self.initialized.is_set()  # options that come once the run has started change nothing
         if applied:
             self.cfg = initialize_config(self.cfg, request, self.env)
         self.hooks = request.get("hooks") if isinstance(request.get("hooks"), dict) else {}
