@@ -2831,7 +2831,7 @@ class AgentType(NamedTuple):
     description: str
     prompt: str = ""  # its system prompt ("": solo's own)
     tools: tuple[str, ...] | None = None  # None: every tool but Agent
-    model: str = ""  # "": the run's model
+    model: str = ""  # "": the run's model; a Claude Code name is looked up when the sub-agent starts
 
 
 GENERAL_AGENT = AgentType("general-purpose", "researches questions, searches code and carries out multi-step tasks")
@@ -2841,7 +2841,7 @@ def load_agent_type(file: Path) -> AgentType:
     """One sub-agent type from its file (Claude Code's format); ValueError when malformed."""
     fields, body = parse_frontmatter(read_small(file, SKILL_LIMIT))
     tools = tuple(t for t in re.split(r"[,\s]+", fields["tools"]) if t) if fields.get("tools", "").strip() else None
-    model = "" if fields.get("model", "").strip() in ("", "inherit") else model_id(fields["model"])
+    model = "" if fields.get("model", "").strip() in ("", "inherit") else fields["model"].strip()
     description = one_line(fields.get("description", "").strip() or body.partition("\n")[0], 300)
     return AgentType(fields.get("name") or file.stem, description, body, tools, model)
 
@@ -2855,7 +2855,7 @@ def defined_agent(name: str, spec: Any) -> AgentType:
     if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, str) for tool in tools)):
         raise ValueError(f"agent {name!r}: tools is a list of tool names")
     model = spec.get("model") if isinstance(spec.get("model"), str) else ""
-    model = "" if model.strip() in ("", "inherit") else model_id(model)
+    model = "" if model.strip() in ("", "inherit") else model.strip()
     return AgentType(name, one_line(spec["description"].strip(), 300), spec["prompt"],
                      None if tools is None else tuple(tools), model)
 
@@ -6076,7 +6076,8 @@ class Agent:
         spec = self.agent_types.get(kind)
         if spec is None:
             raise ToolError(f"no agent type {kind}; types: {', '.join(self.agent_types)}")
-        cfg = self.cfg._replace(model=spec.model or self.cfg.model, stream=False)  # its text is not shown
+        cfg = self.cfg._replace(model=model_id(spec.model, self.cfg.aliases) if spec.model else self.cfg.model,
+                                stream=False)  # its text is not shown
         tools = {n: t for n, t in self.tools.items() if n != "Agent" and (spec.tools is None or n in
                  spec.tools) and (t.read_only or cfg.permission_mode != "plan")}
         system = f"{spec.prompt}\n\nWorking directory: {cfg.cwd}" if spec.prompt else system_prompt(cfg, {})

@@ -521,3 +521,15 @@ def test_a_session_asks_before_reading_outside_the_working_directory(serve, term
     term.send("n\r")
     term.expect("read: Error: permission denied")
     assert "s3cret" not in json.dumps(server.bodies[-1]["messages"])
+
+
+def test_a_sub_agent_s_model_alias_follows_the_kept_model_list(serve, run, workspace, tmp_path):
+    (workspace / ".claude" / "agents").mkdir(parents=True)
+    (workspace / ".claude" / "agents" / "quick.md").write_text("---\ndescription: quick\nmodel: sonnet\n---\nBe quick.")
+    server = serve(lambda body: reply(body["model"]) if body["messages"][0]["content"].startswith("Be quick") else
+                   reply("main: " + last_result(body)) if body["messages"][-1]["role"] == "tool" else
+                   reply(tool_calls=[call("Agent", {"description": "d", "prompt": "p", "subagent_type": "quick"})]),
+                   accept="", models=LISTED)
+    result = run(["-p", "go", "--model", "opus"], cwd=workspace, base_url=server.url,
+                 env={"SOLO_HOME": str(tmp_path / "solo-home")})
+    assert result.stdout == "main: anthropic/claude-sonnet-4.6\n"
