@@ -201,12 +201,12 @@ class Config(NamedTuple):
     trace_path: str | None = None
     cache: bool = True  # ask Anthropic models to cache the prompt prefix
     pass_env: tuple[str, ...] = ()  # secret-looking variables commands may still see
-    permission_mode: str = "default"  # default | acceptEdits | plan | bypassPermissions (--yes)
+    permission_mode: str = "default"  # default | acceptEdits | plan | bypassPermissions (--yes) | dontAsk
     sandbox: str = "off"  # off | read-only | workspace-write
     sandbox_network: bool = False  # commands may open TCP and UDP sockets in a confined mode
     sandbox_unix: bool = False  # commands may open unix sockets in a confined mode
     sandbox_git_write: bool = False  # confined commands may write .git (commit, check out) but its config and hooks
-    add_dirs: tuple[Path, ...] = ()  # more folders commands and tools may write in workspace-write
+    add_dirs: tuple[Path, ...] = ()  # more folders inside the boundary (workspace-write: writable too)
     home: Path | None = None  # for ~/.claude/skills
     solo_home: Path | None = None  # $SOLO_HOME or ~/.solo: transcripts, the model-list cache (None: nothing kept)
     instructions: bool = True  # read CLAUDE.md / AGENTS.md into the system prompt
@@ -218,6 +218,8 @@ class Config(NamedTuple):
     partial_messages: bool = False  # stream-json: also a stream_event line per text delta
     session_id: str = ""  # sent as the x-session-id header: OpenRouter keeps the provider (and its cache)
     settings: tuple[Layer, ...] = ()  # Claude Code's settings files, lowest precedence first
+    sources: tuple[str, ...] = ("user", "project", "local")  # --setting-sources: settings and CLAUDE.md files read
+    aliases: tuple[tuple[str, str], ...] = ()  # sonnet, opus, haiku as OpenRouter's newest; (): MODEL_ALIASES' table
     given: frozenset[str] = frozenset()  # fields a flag or the environment set: settings files do not change them
     input_format: str = "text"  # stream-json: the Agent SDK drives the run through stdin (SDK mode)
     system_prompt: str = ""  # replaces solo's own instructions (--system-prompt, --system-prompt-file); "": keep them
@@ -227,6 +229,9 @@ class Config(NamedTuple):
     permission_prompt: str = ""  # stdio: SDK mode asks the SDK's can_use_tool callback where a session asks the user
     replay_user_messages: bool = False  # SDK mode: each prompt read is echoed as a user event
     include_hook_events: bool = False  # stream-json: a line as each hook starts and answers
+    agents: tuple[tuple[str, dict], ...] = ()  # --agents and the SDK's agents: sub-agent types beside .claude/agents
+    await_initialize: bool = False  # SDK mode: the SDK's initialize request comes first and shapes the run
+    bypass_allowed: bool = False  # SDK mode: set_permission_mode may turn to bypassPermissions (started so, or allowed)
 
 
 # --- Errors ---------------------------------------------------------------------------------------
@@ -538,7 +543,7 @@ def end_orphans(seconds: float = 5.0) -> None:
 
 
 SANDBOX_MODES = ("off", "read-only", "workspace-write")
-PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")
 # Landlock's rights that change files, each with the ABI that has it: write, remove dir/file, make char/dir/reg/
 # sock/fifo/block/sym, then refer (2), truncate (3), ioctl on devices (5)
 WRITE_RIGHTS = [(1 << bit, 1) for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)] + [(1 << 13, 2), (1 << 14, 3), (1 << 15, 5)]
@@ -1979,6 +1984,37 @@ def count_lines(f, limit: int = 256) -> tuple[int, bool]:
     return count, False
 
 
+class Detailed(str):
+    """A tool result with Claude Code's structured form of it beside the text (the SDK's tool_use_result)."""
+
+    data: dict | None = None
+
+
+def detailed(text: str, data: dict) -> Detailed:
+    """A result carrying its structured form."""
+    result = Detailed(text)
+    result.data = data
+    return result
+
+
+def patch_hunks(old: str, new: str) -> list[dict]:
+    """Claude Code's structuredPatch: the unified diff's hunks, three lines of context (none for texts over 256 KB,
+    where a diff costs more than it tells)."""
+    if len(old) + len(new) > 1 << 18:
+        return []
+    import difflib  # only here: it costs start-up time
+    a, b = old.splitlines(), new.splitlines()
+    hunks = []
+    for group in difflib.SequenceMatcher(None, a, b).get_grouped_opcodes(3):
+        lines = [f"{mark}{line}" for tag, i1, i2, j1, j2 in group for mark, line in (
+            [(" ", x) for x in a[i1:i2]] if tag == "equal" else
+            [("-", x) for x in a[i1:i2]] + [("+", x) for x in b[j1:j2]])]
+        first, last = group[0], group[-1]
+        hunks.append({"oldStart": first[1] + 1, "oldLines": last[2] - first[1], "newStart": first[3] + 1,
+                      "newLines": last[4] - first[3], "lines": lines})
+    return hunks
+
+
 def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = READ_LINES) -> str:
     """Return a window of a text file's lines exactly, saying where it goes on."""
     path = existing_file(ctx, file_path)
@@ -2000,7 +2036,7 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
     with f, time_limit(SEARCH_SECONDS):  # a special file under /proc can block, a sparse one go on for ever
         if encoding is None:
             raise ToolError(f"{file_path} is a binary file ({path.stat().st_size} bytes); Read shows text only")
-        parts, size, number, more = [], 0, 0, ""
+        parts, size, number, more, total = [], 0, 0, "", 0
         for number, (line, cut) in enumerate(bounded_lines(f, LINE_LIMIT + 2), start=1):
             if number < offset:
                 continue
@@ -2008,8 +2044,9 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
                 line = line[:LINE_LIMIT] + f" [line cut at {LINE_LIMIT} characters]\n"
             if number >= offset + limit or size + len(line) > READ_LIMIT:
                 rest, whole = count_lines(f)
-                total = f"{'' if whole else 'more than '}{number + rest}"
-                more = f"\n[Showing lines {offset}-{number - 1} of {total}. Use offset={number} to read on.]"
+                total = number + rest
+                more = f"\n[Showing lines {offset}-{number - 1} of {'' if whole else 'more than '}{total}. Use " \
+                       f"offset={number} to read on.]"
                 break
             parts.append(line)
             size += len(line)
@@ -2024,7 +2061,9 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
                 "decoded; Edit and Write keep that encoding]"
     if path.suffix == ".ipynb" and st.st_size > EDIT_MAX_BYTES:
         more += f"\n[{file_path} is a notebook over {EDIT_MAX_BYTES // 1_000_000} MB: shown as its JSON text]"
-    return "".join(parts) + more
+    text = "".join(parts)
+    return detailed(text + more, {"type": "text", "file": {"filePath": str(path), "content": text, "numLines": len(
+        parts), "startLine": offset, "totalLines": total or number}})
 
 
 def replace_file(target: Path, data: bytes, mode: int | None) -> None:
@@ -2085,10 +2124,12 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
         raise ToolError(f"{file_path} is not a regular file (a device, a FIFO or a socket); Write replaces only files")
     if ctx.sandbox:
         ctx.sandbox.check(path, file_path)
-    existed, encoding = path.is_file(), UTF8
+    existed, encoding, original = path.is_file(), UTF8, None
     if existed:
         with open(path, "rb") as f:
-            encoding = sniff_encoding(f.read(SNIFF_BYTES)) or UTF8
+            encoding = sniff_encoding(head := f.read(SNIFF_BYTES)) or UTF8
+            with contextlib.suppress(UnicodeDecodeError, ToolError):  # the old text, for the patch
+                original = encoding.decode(head + f.read(1 << 20)) if path.stat().st_size <= 1 << 20 else None
     try:
         if not ctx.sandbox:  # in a sandbox, write_beneath makes them through handles that follow no symlink
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -2098,7 +2139,10 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
     write_file(ctx, path, data, file_path)
     forget_reads(ctx, path)
     lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
-    return f"{'Updated' if existed else 'Created'} {file_path} ({len(data)} bytes, {lines} line{'s' * (lines != 1)})"
+    said = f"{'Updated' if existed else 'Created'} {file_path} ({len(data)} bytes, {lines} line{'s' * (lines != 1)})"
+    return detailed(said, {"type": "update" if existed else "create", "filePath": str(path), "content": content,
+                           "structuredPatch": patch_hunks(original, content) if original is not None else [],
+                           "originalFile": original})
 
 
 def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
@@ -2130,10 +2174,12 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     if count > 1 and not replace_all:
         raise ToolError(f"old_string was found {count} times in {file_path}; add surrounding lines to make it unique, "
                         "or set replace_all to change every one")
-    replaced = count if replace_all else 1
-    write_file(ctx, path, encoding.encode(text.replace(old, new, replaced), file_path), file_path)
+    replaced, small = count if replace_all else 1, len(text) <= 1 << 20
+    write_file(ctx, path, encoding.encode(changed := text.replace(old, new, replaced), file_path), file_path)
     forget_reads(ctx, path)
-    return f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}"
+    return detailed(f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}", {
+        "filePath": str(path), "oldString": old_string, "newString": new_string, "originalFile": text if small else
+        None, "structuredPatch": patch_hunks(text, changed), "userModified": False, "replaceAll": replace_all})
 
 
 def is_secret(name: str, value: str) -> bool:
@@ -2201,7 +2247,9 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, ru
     text = out.text()
     notes.append(f"[exit code {code}]" + (ctx.sandbox.note(text, code) if ctx.sandbox else ""))
     notes += [undone_note(undone)] if ctx.guard and (undone := undone + ctx.guard.undo()) else []
-    return (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join(notes)
+    said = (text if text.strip() else "(no output)\n").rstrip("\n") + "\n" + "\n".join(notes)
+    return detailed(said, {"stdout": text.rstrip("\n"), "stderr": "", "interrupted": any(n.startswith("[timed out")
+                                                                                         for n in notes)})
 
 
 def glob_regex(pattern: str) -> str:
@@ -3351,7 +3399,7 @@ class AgentType(NamedTuple):
     description: str
     prompt: str = ""  # its system prompt ("": solo's own)
     tools: tuple[str, ...] | None = None  # None: every tool but Agent
-    model: str = ""  # "": the run's model
+    model: str = ""  # "": the run's model; a Claude Code name is looked up when the sub-agent starts
 
 
 GENERAL_AGENT = AgentType("general-purpose", "researches questions, searches code and carries out multi-step tasks")
@@ -3361,14 +3409,42 @@ def load_agent_type(file: Path) -> AgentType:
     """One sub-agent type from its file (Claude Code's format); ValueError when malformed."""
     fields, body = parse_frontmatter(read_small(file, SKILL_LIMIT))
     tools = tuple(t for t in re.split(r"[,\s]+", fields["tools"]) if t) if fields.get("tools", "").strip() else None
-    model = "" if fields.get("model", "").strip() in ("", "inherit") else model_id(fields["model"])
+    model = "" if fields.get("model", "").strip() in ("", "inherit") else fields["model"].strip()
     description = one_line(fields.get("description", "").strip() or body.partition("\n")[0], 300)
     return AgentType(fields.get("name") or file.stem, description, body, tools, model)
 
 
-def discover_agents(folders: list[Path], warn: Callable[[str], None]) -> dict[str, AgentType]:
-    """general-purpose and the types under each folder's .claude/agents, earlier folders winning on a name clash."""
-    types = {GENERAL_AGENT.name: GENERAL_AGENT}
+def defined_agent(name: str, spec: Any) -> AgentType:
+    """A sub-agent type a program defines (--agents, the SDK's agents) with Claude Code's fields; ValueError when one
+    is missing or of the wrong kind."""
+    if not isinstance(spec, dict) or not all(isinstance(spec.get(key), str) for key in ("description", "prompt")):
+        raise ValueError(f"agent {name!r} needs a description and a prompt")
+    tools = spec.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, str) for tool in tools)):
+        raise ValueError(f"agent {name!r}: tools is a list of tool names")
+    model = spec.get("model") if isinstance(spec.get("model"), str) else ""
+    model = "" if model.strip() in ("", "inherit") else model.strip()
+    return AgentType(name, one_line(spec["description"].strip(), 300), spec["prompt"],
+                     None if tools is None else tuple(tools), model)
+
+
+def agent_specs(given: Any, origin: str) -> tuple[tuple[str, dict], ...]:
+    """The sub-agent types of --agents' JSON text or the SDK's object, each checked; UsageError naming `origin`."""
+    try:
+        specs = {} if given is None else json.loads(given) if isinstance(given, str) else given
+        assert isinstance(specs, dict), "not a JSON object of agents by name"
+        for name, spec in specs.items():
+            defined_agent(name, spec)
+    except (ValueError, AssertionError) as error:
+        raise UsageError(f"{origin}: {error}") from None
+    return tuple(specs.items())
+
+
+def discover_agents(folders: list[Path], warn: Callable[[str], None],
+                    defined: tuple[tuple[str, dict], ...] = ()) -> dict[str, AgentType]:
+    """general-purpose, the types a program defined (they win, as in Claude Code) and those under each folder's
+    .claude/agents, earlier folders winning on a name clash."""
+    types = {GENERAL_AGENT.name: GENERAL_AGENT, **{name: defined_agent(name, spec) for name, spec in defined}}
     for file in (file for base in folders for file in sorted((base / ".claude" / "agents").glob("*.md"))):
         try:
             types.setdefault((kind := load_agent_type(file)).name, kind)
@@ -3478,6 +3554,14 @@ def expand_imports(text: str, folder: Path, home: Path | None, seen: tuple[Path,
     return "".join(out)
 
 
+def memory_source(path: Path, home: Path | None) -> str:
+    """The setting source an instruction file belongs to, as Claude Code counts its memory: the user's
+    ~/.claude/CLAUDE.md, a CLAUDE.local.md (local), or the project's."""
+    if home is not None and path == home / ".claude" / "CLAUDE.md":
+        return "user"
+    return "local" if path.name == "CLAUDE.local.md" else "project"
+
+
 def project_instructions(cfg: Config, notice: Callable[[str], None], *,
                          outside: Callable[[Path], bool] = lambda path: False) -> str:
     """The user's instruction files, each headed by its path, at most INSTRUCTIONS_LIMIT bytes in all; `outside`
@@ -3486,6 +3570,8 @@ def project_instructions(cfg: Config, notice: Callable[[str], None], *,
         return ""
     parts, loaded, cut, room = [], [], [], INSTRUCTIONS_LIMIT
     for path, within in instruction_files(cfg.cwd, cfg.home):
+        if memory_source(path, cfg.home) not in cfg.sources:  # --setting-sources leaves it out
+            continue
         with contextlib.suppress(OSError):
             mine = cfg.home is not None and path == cfg.home / ".claude" / "CLAUDE.md"
             text = expand_imports(read_small(path, head=True), path.parent, cfg.home, (path.resolve(),), within,
@@ -3687,8 +3773,10 @@ def run_tool_call(call: dict, tools: dict[str, Tool], ctx: ToolContext) -> str:
         result = f"Error: {error}"
     note = f"\n{undone_note(undone)}" if ctx.guard and (undone := ctx.guard.undo()) else ""  # after every call: what
     # confined processes changed meanwhile, where the kernel does not keep it read-only
-    return attached(clip(result, tool.limit) + note, result.parts) if isinstance(result, Attached) else \
-        clip(str(result), tool.limit) + note
+    text = clip(str(result), tool.limit) + note
+    if isinstance(result, Attached):
+        return attached(text, result.parts)
+    return detailed(text, result.data) if isinstance(result, Detailed) and result.data else text
 
 
 PLAN_NOTE = ("[Plan mode: investigate with the read-only tools and answer with a plan for the change; make no "
@@ -4323,17 +4411,18 @@ def setting(layers: list[Layer], key: str, default: Any = None) -> Any:
 
 def apply_settings(cfg: Config, trusted: bool) -> Config:
     """The Config with what the settings files say: model, defaultMode and cleanupPeriodDays unless a flag or the
-    environment chose, additionalDirectories (folders a workspace-write sandbox may write in)."""
+    environment chose, additionalDirectories (folders inside the boundary, and a workspace-write sandbox's)."""
     layers = in_force(cfg.settings, trusted)
     if not layers:
         return cfg
-    model = cfg.model if "model" in cfg.given else model_id(setting(layers, "model", cfg.model) or cfg.model)
+    model = cfg.model if "model" in cfg.given else model_id(setting(layers, "model", cfg.model) or cfg.model,
+                                                            cfg.aliases)
     mode = setting(layers, "permissions.defaultMode", cfg.permission_mode)
     mode = cfg.permission_mode if "permission_mode" in cfg.given or mode not in PERMISSION_MODES else mode
     days = cfg.session_days if "session_days" in cfg.given else setting(layers, "cleanupPeriodDays", cfg.session_days)
     extra = [Path(os.path.abspath(os.path.expanduser(d))) for layer in layers
              for d in layer.data.get("permissions", {}).get("additionalDirectories", [])]
-    extra = [d for d in extra if d.is_dir()] if cfg.sandbox == "workspace-write" else []
+    extra = [d for d in extra if d.is_dir()] if cfg.sandbox != "read-only" else []  # the boundary; a sandbox's too
     return cfg._replace(model=model, permission_mode=mode, session_days=days if days > 0 else cfg.session_days,
                         add_dirs=tuple(dict.fromkeys((*cfg.add_dirs, *extra))))
 
@@ -4603,6 +4692,15 @@ def call_paths(tool: str, args: dict, cwd: Path) -> list[str]:
     return list(dict.fromkeys((path, os.path.realpath(path))))
 
 
+def beyond(tool: str, args: dict, cwd: Path, folders: tuple[Path, ...]) -> bool:
+    """Whether a file tool's call touches a path outside the working directory and the added folders, as written or
+    where its links lead: Claude Code asks before those, even for reading."""
+    if tool not in EDITORS + READERS:
+        return False
+    roots = {Path(form) for folder in (cwd, *folders) for form in (os.path.abspath(folder), os.path.realpath(folder))}
+    return any(not any(Path(path).is_relative_to(root) for root in roots) for path in call_paths(tool, args, cwd))
+
+
 def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None, loose: bool) -> bool:
     """Whether a rule covers a call other than Bash's; `loose` (deny and ask): any form of its path matching is
     enough; otherwise (allow) the path its links lead to must match."""
@@ -4625,15 +4723,41 @@ def rule_matches(rule: Rule, tool: str, args: dict, cwd: Path, home: Path | None
     return rule.spec == str(args.get("name") or args.get("command") or "")
 
 
+def expands(part: str) -> bool:
+    """Whether a command holds an expansion outside single quotes (`$HOME`, `${X}`, `$(...)`, backticks): what it
+    runs cannot be read from its text."""
+    state, i = "", 0
+    while i < len(part):
+        ch = part[i]
+        if ch == "\\" and state != "'":
+            i += 2
+            continue
+        if ch in "'\"" and state in ("", ch):
+            state = "" if state else ch
+        elif state != "'" and (ch == "`" or ch == "$" and re.match(r"[\w{(@*#?$!-]", part[i + 1: i + 2])):
+            return True
+        i += 1
+    return False
+
+
 def bash_allowed(rules: list[Rule], parts: list[str]) -> Rule | None:
-    """The allow rule that lets a Bash command run when every part of it is allowed by some rule."""
+    """The allow rule that lets a Bash command run when every part of it is allowed by some rule; a prefix or
+    wildcard rule does not approve a part with an expansion (Claude Code does not judge what it cannot see)."""
     first = None
     for part in parts:
-        rule = next((r for r in rules if r.tool == "Bash" and (r.spec is None or bash_matches(r.spec, part))), None)
+        rule = next((r for r in rules if r.tool == "Bash" and (r.spec is None or bash_matches(r.spec, part) and not (
+            "*" in r.spec and expands(part)))), None)
         if rule is None:
             return None
         first = first or rule
     return first
+
+
+def withheld(rules: dict[str, list[Rule]], tool: str) -> bool:
+    """Whether a deny rule refuses the whole tool (`Bash`, `mcp__server`, `mcp__server__*`): Claude Code then does not
+    offer it at all; a rule with a specifier (`Bash(rm:*)`) leaves it offered and refuses matching calls."""
+    return any(rule.spec is None and (rule.tool == tool or rule.tool.startswith("mcp__") and rule_matches(
+        rule, tool, {}, Path("/"), None, True)) for rule in rules.get("deny", []))
 
 
 def decide(rules: dict[str, list[Rule]], tool: str, args: dict, cwd: Path,
@@ -5532,6 +5656,29 @@ class StreamedReply:
         return {**self.response, "object": "chat.completion", "choices": [{"index": 0, **settled(self.choice)}]}
 
 
+ALIAS_FAMILIES = {"sonnet": "sonnet", "opus": "opus", "haiku": "haiku", "opusplan": "opus"}  # Claude Code's names
+
+
+def newest_aliases(models: list[dict]) -> dict[str, str]:
+    """Claude Code's aliases as the newest anthropic/claude-<family>-<version> of each family in a model list."""
+    newest: dict[str, tuple[tuple[int, int], str]] = {}
+    for model in models:
+        if found := re.fullmatch(r"anthropic/claude-(sonnet|opus|haiku)-(\d+)(?:\.(\d+))?", str(model.get("id"))):
+            version = (int(found.group(2)), int(found.group(3) or 0))
+            if found.group(1) not in newest or version > newest[found.group(1)][0]:
+                newest[found.group(1)] = (version, found.group(0))
+    return {alias: newest[family][1] for alias, family in ALIAS_FAMILIES.items() if family in newest}
+
+
+def cached_aliases(cfg: Config) -> dict[str, str] | None:
+    """The aliases the model list gave, kept under solo_home, if it was fetched less than a day ago."""
+    entry = (read_json(cfg.solo_home / "models.json") if cfg.solo_home else {}).get(f"{cfg.base_url} aliases")
+    if not (isinstance(entry, dict) and isinstance(entry.get("time"), (int, float)) and isinstance(
+            entry.get("aliases"), dict) and time.time() - entry["time"] < MODEL_LIST_SECONDS):
+        return None
+    return {name: model for name, model in entry["aliases"].items() if isinstance(model, str)}
+
+
 class ModelClient:
     """Posts requests to OpenRouter over one session, retrying what is transient; streams when asked."""
 
@@ -5590,13 +5737,19 @@ class ModelClient:
                        "first_byte_seconds": round((first or ended) - started, 3)})
 
     def model_list(self) -> list[dict] | None:
-        """The API's model list (GET /models: id, context_length, top_provider, pricing); None out of reach."""
+        """The API's model list (GET /models: id, context_length, top_provider, pricing); None out of reach. The
+        aliases it gives are kept a day under solo_home."""
         try:
             response = self.session.get(self.cfg.base_url.rstrip("/") + "/models",
                                         timeout=(self.cfg.connect_timeout, 30))
-            return [m for m in response.json()["data"] if isinstance(m, dict)]
+            models = [m for m in response.json()["data"] if isinstance(m, dict)]
         except (requests.RequestException, ValueError, KeyError, TypeError):
             return None
+        if path := self.cfg.solo_home and self.cfg.solo_home / "models.json":
+            with contextlib.suppress(OSError):
+                write_private(path, json.dumps({**read_json(path), f"{self.cfg.base_url} aliases": {
+                    "time": time.time(), "aliases": newest_aliases(models)}}))
+        return models
 
     def check_model(self, model: str) -> None:
         """UsageError, naming the closest names, for a model the API's list lacks; a notice when there is no list."""
@@ -5812,6 +5965,18 @@ def repaired(messages: list[dict], started: set[str], path: Path) -> list[dict]:
     return fixed
 
 
+def claude_user_message(message: dict) -> dict:
+    """A prompt or a tool result as Claude Code's user message: its text, or a tool_result block."""
+    content = message.get("content")
+    if isinstance(content, list):  # a prompt with images: its text parts
+        content = [{"type": "text", "text": p["text"]} for p in content if isinstance(p, dict) and p.get("type") ==
+                   "text" and isinstance(p.get("text"), str)]
+    if message.get("role") == "tool":
+        content = [{"type": "tool_result", "tool_use_id": message.get("tool_call_id"), "content": content,
+                    "is_error": isinstance(content, str) and content.startswith("Error:")}]
+    return {"role": "user", "content": content}
+
+
 class Conversation(list):
     """A conversation's messages: every change is also written to its transcript, as it happens."""
 
@@ -5823,6 +5988,7 @@ class Conversation(list):
         self.todos: list[dict] = []  # its to-do list (TodoWrite)
         self.tokens = 0  # the last prompt's size in tokens
         self.compactions = self.floor = 0  # how many, and the length the last one left
+        self.uuid: str | None = None  # the last line in Claude Code's shape, which the next one follows
 
     def note(self, entry: dict) -> None:
         """Write one line of this conversation (a sub-agent's are marked, so resuming skips them)."""
@@ -5831,9 +5997,20 @@ class Conversation(list):
                 {"agent": self.sidechain} if isinstance(self.sidechain, str) else {})} if self.sidechain else entry)
 
     def append(self, message: dict) -> None:
-        """Add a message."""
+        """Add a message (a prompt or a tool result also as Claude Code's user line)."""
         super().append(message)
         self.note(message)
+        if self.transcript and message.get("role") in ("user", "tool"):
+            self.chain({"type": "user", "message": claude_user_message(message)})
+
+    def chain(self, entry: dict) -> None:
+        """A line in Claude Code's shape beside the messages, following the one before (the Agent SDK's
+        list_sessions and get_session_messages, pointed at SOLO_HOME, read those); resuming skips it."""
+        if self.transcript:
+            self.uuid, parent = new_uuid(), self.uuid
+            stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            self.transcript.write({**entry, "uuid": self.uuid, "parentUuid": parent, "isSidechain": bool(
+                self.sidechain), "sessionId": self.transcript.path.stem, "timestamp": stamp}, compact=True)
 
     def __delitem__(self, index: Any) -> None:
         """Drop messages from the end (a cancelled turn, /clear)."""
@@ -6165,6 +6342,22 @@ class Usage:
         if values[4] is None:
             self.unpriced = [self.unpriced[0] + int(values[0] or 0), self.unpriced[1] + int(values[1] or 0)]
 
+    def snapshot(self) -> Usage:
+        """A copy of the counts so far."""
+        copy = Usage()
+        with self.lock:
+            copy.requests, copy.priced = self.requests, self.priced
+            copy.models = {model: list(row) for model, row in self.models.items()}
+        return copy
+
+    def since(self, earlier: Usage) -> Usage:
+        """What was counted after `earlier`, a snapshot of these counts."""
+        later = self.snapshot()
+        later.requests -= earlier.requests
+        for model, row in earlier.models.items():
+            later.models[model] = [now - then for now, then in zip(later.models[model], row)]
+        return later
+
     def line(self) -> str:
         """A one-line summary for stderr."""
         cost = f", ${self.cost:.4f}" if self.cost is not None else ""
@@ -6181,6 +6374,7 @@ class Outcome(NamedTuple):
     turns: int = 0
 
 
+BUDGET_REACHED = "Error: not run: the run reached its budget (--max-cost) before this call"
 CUT_OFF = ("Error: this tool call was cut off because the reply reached the output token limit, so nothing "
            "was run. Make smaller calls (for example, write a large file in several parts).")
 
@@ -6393,7 +6587,7 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
         message = assistant_message(choice["message"], turn, seen_ids)
         messages.append(message)
         if isinstance(messages, Conversation) and messages.transcript:  # for ccusage; resuming skips it
-            messages.transcript.write(usage_entry(cfg, response, messages.sidechain), compact=True)
+            messages.chain(usage_entry(cfg, response, messages.sidechain, message))
         emit({"type": "assistant", "message": message, "usage": response.get("usage"), "id": response.get("id"),
               "model": response.get("model") or cfg.model, "finish_reason": choice.get("finish_reason")})
         if not message.get("tool_calls"):
@@ -6404,13 +6598,15 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
             messages.append({"role": "user", "content": f"[A {stop_event} hook keeps you going: {verdict.block}]"})
             kept_going = True
             continue
+        if cfg.max_cost is not None and cost >= cfg.max_cost:  # before the calls run, as Claude Code stops
+            for pending in message["tool_calls"]:  # answered, so the saved conversation stays valid
+                messages.append({"role": "tool", "tool_call_id": pending["id"], "content": BUDGET_REACHED})
+            return Outcome("", "error_max_budget_usd", turn)
         try:
             run_calls(message, tools, ctx, messages, emit, cut=choice.get("finish_reason") == "length", hooks=hooks)
         except HookStop as stop:
             emit({"type": "notice", "text": f"a hook stopped the run: {stop}"})
             return Outcome("", turns=turn)
-        if cfg.max_cost is not None and cost >= cfg.max_cost:
-            return Outcome("", "error_max_budget_usd", turn)
     raise AssertionError("unreachable")
 
 
@@ -6436,7 +6632,7 @@ class Agent:
         self.compactor = Compactor(self.model, self.model.model_info, emit, self.usage)
         self.skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
         self.tools = {t.name: t for t in TOOLS if t.name in cfg.tools and (t.name != "Skill" or self.skills)}
-        self.agent_types = discover_agents([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice)
+        self.agent_types = discover_agents([cfg.cwd] + ([cfg.home] if cfg.home else []), self.notice, cfg.agents)
         if "Agent" in self.tools and len(self.agent_types) > 1:
             self.tools["Agent"] = self.tools["Agent"]._replace(description=self.tools["Agent"].description + "".join(
                 f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
@@ -6466,6 +6662,7 @@ class Agent:
                 # every server started is the user's own (--mcp-config) or one they approved: its hints are trusted
                 tool = mcp_tool(server, tool, set(self.tools), cfg.mcp_tool_timeout, trusted=True)
                 self.tools[tool.name] = tool
+        self.tools = {name: tool for name, tool in self.tools.items() if not withheld(self.rules, name)}
 
     def confine(self, env: dict[str, str]) -> Sandbox | None:
         """The sandbox of the run's mode: read-only writes only in a private temp folder (commands' TMPDIR); git's
@@ -6594,7 +6791,8 @@ class Agent:
         spec = self.agent_types.get(kind)
         if spec is None:
             raise ToolError(f"no agent type {kind}; types: {', '.join(self.agent_types)}")
-        cfg = self.cfg._replace(model=spec.model or self.cfg.model, stream=False)  # its text is not shown
+        cfg = self.cfg._replace(model=model_id(spec.model, self.cfg.aliases) if spec.model else self.cfg.model,
+                                stream=False)  # its text is not shown
         tools = {n: t for n, t in self.tools.items() if n != "Agent" and (spec.tools is None or n in
                  spec.tools) and (t.read_only or cfg.permission_mode != "plan")}
         system = f"{spec.prompt}\n\nWorking directory: {cfg.cwd}" if spec.prompt else system_prompt(cfg, {})
@@ -6674,14 +6872,17 @@ class Agent:
         kind, rule = decide(self.rules, tool, args, cfg.cwd, cfg.home)
         if kind == "deny":
             return f"by {rule.text} ({rule.origin})"
-        changes = known is None or known.asks
+        changes, outside = known is None or known.asks, beyond(tool, args, cfg.cwd, cfg.add_dirs)
         if cfg.permission_mode == "plan" and changes:
             return f"plan mode lets only read-only tools run, not {tool}: investigate, then answer with a plan"
+        mode = cfg.permission_mode
         if kind != "ask" and hint != "ask":
-            mode = cfg.permission_mode
-            free = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in EDITORS)
-            if kind == "allow" or hint == "allow" or not (changes or tool == "WebFetch") or free or not self.ask_user:
+            free = mode == "bypassPermissions" or (mode == "acceptEdits" and tool in EDITORS and not outside)
+            if kind == "allow" or hint == "allow" or not (changes or outside or tool == "WebFetch") or free or \
+                    not (self.ask_user or mode == "dontAsk"):
                 return ""  # with -p, a call no rule asks about runs, as it always has; a session asks for a new domain
+        if mode == "dontAsk":
+            return f"permission mode dontAsk runs only what a rule or the mode allows, not this {tool} call"
         if not self.ask_user:
             return f"by {rule.text} ({rule.origin}): the rule asks first, and with -p nobody can answer" if rule else \
                 "a PreToolUse hook asks first, and with -p nobody can answer"
@@ -6791,8 +6992,12 @@ def add_run_options(add: Callable[..., Any]) -> None:
     """The options of the SDK's protocol, sessions, MCP servers, permissions, the sandbox and settings."""
     add("--permission-prompt-tool", metavar="NAME", help="stdio: ask the Agent SDK's can_use_tool callback")
     add("--include-hook-events", action="store_true", help="stream-json: a line as each hook starts and answers")
+    add("--await-initialize", action="store_true", help="stream-json: wait for the SDK's initialize request")
+    add("--agents", metavar="JSON", help='sub-agent types: {"NAME": {"description", "prompt", "tools", "model"}}')
     add("--replay-user-messages", action="store_true", help="stream-json: echo each prompt read on stdin")
     add("--dangerously-skip-permissions", dest="yes", action="store_true", help="the same as --yes")
+    add("--allow-dangerously-skip-permissions", action="store_true", help="SDK mode: set_permission_mode may switch "
+        "to bypassPermissions")
     add("--trace", metavar="FILE", help="write every request, reply and tool call as JSON lines")
     add("--connect-timeout", metavar="S", type=positive(float), help="seconds to connect to the API (default 10)")
     add("--read-timeout", metavar="S", type=positive(float), help="longest silence while a reply arrives (default 300)")
@@ -6811,7 +7016,8 @@ def add_run_options(add: Callable[..., Any]) -> None:
     add("--pass-env", metavar="NAMES", default="", help="secret-looking variables commands may still see")
     add("--yes", "-y", action="store_true", help="ask nothing: --permission-mode bypassPermissions")
     add("--permission-mode", choices=PERMISSION_MODES, help="default: a session asks before changes; acceptEdits: "
-        "file edits do not ask; plan: read-only tools only; bypassPermissions: nothing asks")
+        "file edits do not ask; plan: read-only tools only; bypassPermissions: nothing asks; dontAsk: what would "
+        "ask is refused")
     add("--sandbox", choices=SANDBOX_MODES, help="confine commands and file tools: read-only, workspace-write, off")
     add("--sandbox-network", choices=("on", "off"), help="commands may open network connections in a sandbox (off)")
     add("--sandbox-unix-sockets", choices=("on", "off"), help="commands may open unix sockets in a sandbox (off)")
@@ -6887,7 +7093,7 @@ MODEL_ALIASES = {"sonnet": "anthropic/claude-sonnet-4.5", "opus": "anthropic/cla
                  "haiku": "anthropic/claude-haiku-4.5", "opusplan": "anthropic/claude-opus-4.5"}
 
 
-def model_id(name: str) -> str:
+def model_id(name: str, aliases: Iterable[tuple[str, str]] = ()) -> str:
     """The OpenRouter id for a model name: Claude Code's aliases (sonnet, opus, haiku) and ids (claude-haiku-4-5,
     claude-sonnet-4-5-20250929, claude-3-7-sonnet-latest) map to anthropic/...; a name with a / passes unchanged."""
     name = name.strip()
@@ -6901,7 +7107,7 @@ def model_id(name: str) -> str:
     if found := re.fullmatch(r"claude-(\d+)(?:-(\d))?-([a-z]+)", base):  # claude-3-7-sonnet
         major, minor, family = found.groups()
         return f"anthropic/claude-{major}" + (f".{minor}" if minor else "") + f"-{family}"
-    return MODEL_ALIASES.get(base, name)  # not one of Claude Code's names: as it is (the API says what it knows)
+    return {**MODEL_ALIASES, **dict(aliases)}.get(base, name)  # not one of Claude Code's names: as it is
 
 
 def env_number(env: dict[str, str], name: str, default: float) -> float:
@@ -6949,7 +7155,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
     given = {"model"} if args.model or env.get("OPENROUTER_MODEL", "").strip() else set()
     given |= {"permission_mode"} if args.yes or args.permission_mode else set()
     given |= {"session_days"} if env.get("SOLO_SESSION_DAYS", "").strip() else set()
-    return apply_settings(Config(
+    return apply_settings(follow_aliases(Config(
         api_key=api_key, cwd=cwd, base_url=api_base_url(env), max_turns=args.max_turns, max_cost=args.max_cost,
         model=model_id(args.model or env.get("OPENROUTER_MODEL", "").strip() or DEFAULT_MODEL), verbose=args.verbose,
         connect_timeout=args.connect_timeout or env_number(env, "SOLO_CONNECT_TIMEOUT", 10.0),
@@ -6971,8 +7177,24 @@ def build_config(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> Co
         sandbox_git_write=args.sandbox_git_write == "on",
         add_dirs=tuple(Path(os.path.abspath(d)) for d in args.add_dir),
         solo_home=Path(solo_home) if (solo_home := env.get("SOLO_HOME", "").strip()) else home and home / ".solo",
-        settings=read_settings(sources, home, cwd, args.settings), given=frozenset(given), **sdk_settings(args)),
-        trusted=False)
+        settings=read_settings(sources, home, cwd, args.settings), sources=sources, given=frozenset(given),
+        **sdk_settings(args)), args, env), trusted=False)
+
+
+def follow_aliases(cfg: Config, args: argparse.Namespace, env: dict[str, str]) -> Config:
+    """The Config with Claude Code's aliases (and the default model, haiku's) as OpenRouter's newest models: from the
+    model list kept a day, or asked now when the run names an alias; else today's table."""
+    named = args.model or env.get("OPENROUTER_MODEL", "").strip()
+    aliases = cached_aliases(cfg)
+    if aliases is None and cfg.solo_home and any(
+            name.strip().lower() in MODEL_ALIASES for name in (named, args.fallback_model or "")):
+        ModelClient(cfg, emit=lambda event: None).model_list()  # keeps them
+        aliases = cached_aliases(cfg)
+    if not aliases:
+        return cfg
+    return cfg._replace(aliases=tuple(aliases.items()), model=cfg.model if "model" in cfg.given and named.strip(
+        ).lower() not in MODEL_ALIASES else model_id(named or "haiku", aliases.items()),
+        fallback_model=model_id(args.fallback_model or "", aliases.items()))
 
 
 def prompt_file(path: str | None) -> str:
@@ -7009,8 +7231,10 @@ def sdk_settings(args: argparse.Namespace) -> dict:
     return {"input_format": args.input_format, "json_schema": schema, "reasoning": reasoning_settings(args),
             "system_prompt": prompt_file(args.system_prompt_file) or (args.system_prompt or "").strip(),
             "fallback_model": model_id(args.fallback_model or ""), "replay_user_messages": args.replay_user_messages,
-            "include_hook_events": args.include_hook_events,
-            "permission_prompt": args.permission_prompt_tool or ""}
+            "include_hook_events": args.include_hook_events, "agents": agent_specs(args.agents, "--agents"),
+            "permission_prompt": args.permission_prompt_tool or "", "await_initialize": args.await_initialize,
+            "bypass_allowed": args.yes or args.allow_dangerously_skip_permissions or
+            args.permission_mode == "bypassPermissions"}
 
 
 class Streams(NamedTuple):
@@ -7067,6 +7291,7 @@ CLAUDE_CODE_PROTOCOL = "2.1.332"  # the Claude Code version whose stream-json an
 LINE_BYTES = 1_000_000  # the Agent SDK refuses a line longer than 1 MB
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
 INTERRUPTED = "[Request interrupted by user]"
+INTERRUPTED_TOOL = "[Request interrupted by user for tool use]"  # can_use_tool denied with interrupt: true
 
 
 def claude_usage(usage: Any) -> dict:
@@ -7095,15 +7320,16 @@ def claude_blocks(message: dict) -> list[dict]:
     return blocks
 
 
-def usage_entry(cfg: Config, response: dict, sidechain: bool) -> dict:
-    """A transcript line in Claude Code's shape with one reply's usage and cost, which ccusage (pointed at SOLO_HOME
-    with CLAUDE_CONFIG_DIR) reads; resuming skips it (it is no message)."""
+def usage_entry(cfg: Config, response: dict, sidechain: bool, message: dict | None = None) -> dict:
+    """A transcript line in Claude Code's shape with one reply, its usage and cost, which ccusage and the Agent SDK's
+    session functions (pointed at SOLO_HOME with CLAUDE_CONFIG_DIR) read; resuming skips it (it is no message)."""
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     cost = usage.get("cost")
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return {"type": "assistant", "isSidechain": sidechain, "sessionId": cfg.session_id, "cwd": str(cfg.cwd),
             "version": VERSION, "timestamp": stamp, "requestId": response.get("id"),
-            "message": {"id": response.get("id"), "model": cfg.model, "usage": claude_usage(usage)},
+            "message": {"id": response.get("id"), "type": "message", "role": "assistant", "model": cfg.model,
+                        "content": claude_blocks(message or {}), "usage": claude_usage(usage)},
             **({"costUSD": cost} if isinstance(cost, (int, float)) and not isinstance(cost, bool) else {})}
 
 
@@ -7128,10 +7354,13 @@ def terminal_reason(outcome: Outcome | None, failure: BaseException | None, in_t
 
 
 def result_object(outcome: Outcome | None, error: str, usage: Usage, started: float, session_id: str,
-                  reporter: Reporter | None = None, failure: BaseException | None = None) -> dict:
+                  reporter: Reporter | None = None, failure: BaseException | None = None,
+                  turn: Usage | None = None) -> dict:
     """The closing result object of --output-format json and stream-json, in Claude Code's shape: an API failure
-    is a `success` that is an error, with its HTTP status; limits and other failures say why in `errors`."""
+    is a `success` that is an error, with its HTTP status; limits and other failures say why in `errors`. `usage`
+    is the run's (cost, modelUsage); `turn`, when given, the prompt's own (SDK mode's `usage`, as Claude Code's)."""
     status = failure.status if isinstance(failure, ApiError) else None
+    turn = turn or usage
     subtype = outcome.subtype if outcome else "success" if status else "error_during_execution"
     limit = outcome and outcome.subtype != "success" and (
         f"Reached maximum number of turns ({outcome.turns})" if outcome.subtype == "error_max_turns"
@@ -7144,10 +7373,10 @@ def result_object(outcome: Outcome | None, error: str, usage: Usage, started: fl
         "result": outcome.answer if outcome and subtype == "success" else error,
         "stop_reason": STOP_REASONS.get(reporter.stop_reason) if reporter else None,
         "session_id": session_id, "total_cost_usd": usage.cost,
-        "usage": {"requests": usage.requests, "input_tokens": max(0, usage.prompt_tokens - usage.cached_tokens -
-                                                                  usage.cache_write_tokens),
-                  "output_tokens": usage.completion_tokens, "cache_read_input_tokens": usage.cached_tokens,
-                  "cache_creation_input_tokens": usage.cache_write_tokens},
+        "usage": {"requests": turn.requests, "input_tokens": max(0, turn.prompt_tokens - turn.cached_tokens -
+                                                                 turn.cache_write_tokens),
+                  "output_tokens": turn.completion_tokens, "cache_read_input_tokens": turn.cached_tokens,
+                  "cache_creation_input_tokens": turn.cache_write_tokens},
         "modelUsage": {model: {"inputTokens": max(0, row[0] - row[2] - row[3]), "outputTokens": row[1],
                                "cacheReadInputTokens": row[2], "cacheCreationInputTokens": row[3], "costUSD": row[4]}
                        for model, row in usage.models.items()},
@@ -7171,7 +7400,8 @@ def init_event(cfg: Config, agent: Agent, mode: str) -> dict:
     return {"type": "system", "subtype": "init", "cwd": str(cfg.cwd), "session_id": cfg.session_id,
             "tools": list(agent.tools), "mcp_servers": servers, "model": cfg.model, "permissionMode": mode,
             "slash_commands": skills, "apiKeySource": "OPENROUTER_API_KEY", "claude_code_version": CLAUDE_CODE_PROTOCOL,
-            "output_style": "default", "agents": [], "skills": skills, "plugins": [], "sandbox": cfg.sandbox,
+            "output_style": "default", "agents": list(agent.agent_types), "skills": skills, "plugins": [],
+            "sandbox": cfg.sandbox,
             "version": VERSION, "uuid": new_uuid()}
 
 
@@ -7291,15 +7521,15 @@ class ClaudeOutput:
                 self.write({"type": "stream_event", "event": event, **self.common()})
         return message_id
 
-    def aborted(self, model: str) -> None:
+    def aborted(self, model: str, text: str = INTERRUPTED) -> None:
         """The end of an interrupted turn: the reply under way as an aborted message, then the interruption."""
         if self.stream.id:
-            text = "".join(self.partial)
+            partial = "".join(self.partial)
             message = {"id": self.end_reply(None, {}), "type": "message", "role": "assistant", "model": model,
-                       "content": [{"type": "text", "text": text}], "stop_reason": None, "stop_sequence": None,
+                       "content": [{"type": "text", "text": partial}], "stop_reason": None, "stop_sequence": None,
                        "usage": claude_usage({})}
             self.write({"type": "assistant", "message": message, "aborted": True, **self.common()})
-        self.write({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": INTERRUPTED}]},
+        self.write({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]},
                     **self.common()})
 
     def take(self, event: dict) -> None:
@@ -7317,14 +7547,19 @@ class ClaudeOutput:
         elif kind == "prompt":  # a sub-agent's task
             text = [{"type": "text", "text": event["text"]}]
             self.write({"type": "user", "message": {"role": "user", "content": text}, **self.common(parent)})
+        elif kind == "request":
+            self.write({"type": "system", "subtype": "status", "status": "requesting", **self.common(parent)})
         elif kind == "tool_result":
+            if event["denied"]:
+                self.write({"type": "system", "subtype": "permission_denied", "tool_name": event["name"],
+                            "tool_use_id": event["id"], "message": event["content"], **self.common(parent)})
             content = event["content"]
             content = [{"type": "text", "text": content}] if event["name"].startswith("mcp__") and \
                 not event["is_error"] else content
             result = {"type": "tool_result", "tool_use_id": event["id"], "content": content,
                       "is_error": event["is_error"]}
             self.write({"type": "user", "message": {"role": "user", "content": [result]}, **self.common(parent),
-                        "tool_use_result": content})
+                        "tool_use_result": getattr(event["content"], "data", None) or content})
         elif kind == "api_retry":
             self.write({"type": "system", "subtype": "api_retry", **{k: event[k] for k in (
                 "attempt", "max_retries", "retry_delay_ms", "error_status", "error")}, **self.common()})
@@ -7565,6 +7800,15 @@ def stopped_message(outcome: Outcome) -> str:
     return f"stopped: the {limit} limit was reached after {outcome.turns} turn{'s' * (outcome.turns != 1)}"
 
 
+def expand_command(agent: Agent, prompt: str) -> tuple[str, str]:
+    """A prompt that starts with a custom command's /name as that command's prompt, and the model the command asks
+    for ("": the run's)."""
+    if command := agent.commands.get(prompt.partition(" ")[0][1:]) if prompt.startswith("/") else None:
+        return render_command(command, prompt.partition(" ")[2], agent.cfg.cwd,
+                              functools.partial(inline_output, agent)), command.model
+    return prompt, ""
+
+
 def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, streams: Streams, started: float,
              resume: Path | None = None, fork: bool = False) -> int:
     """Answer one prompt: print the answer (or a result object) and return the exit code."""
@@ -7578,9 +7822,8 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
     outcome, error, code, failure = None, "", EXIT_OK, None
     try:
         conversation = agent.conversation(resume, fork)
-        if command := agent.commands.get(prompt.partition(" ")[0][1:]) if prompt.startswith("/") else None:
-            prompt = render_command(command, prompt.partition(" ")[2], cfg.cwd, functools.partial(inline_output, agent))
-            agent.cfg = cfg._replace(model=command.model or cfg.model)
+        prompt, model = expand_command(agent, prompt)
+        agent.cfg = cfg._replace(model=model or cfg.model)
         outcome = agent.ask(conversation, prompt, context)
     except (AgentError, KeyboardInterrupt, Terminated) as exc:
         (code, error), failure = exit_status(exc), exc
@@ -8480,7 +8723,7 @@ class Commands:
         """/model [NAME]: the model, switched to NAME."""
         agent = self.agent
         if name:
-            model = model_id(name)
+            model = model_id(name, agent.cfg.aliases)
             agent.model.check_model(model)
             agent.cfg = agent.cfg._replace(model=model)
             self.session.messages.note({"type": "model", "model": agent.cfg.model})
@@ -8971,6 +9214,47 @@ class SdkLink:
         return response.get("response") if isinstance(response.get("response"), dict) else {}
 
 
+def initialize_config(cfg: Config, request: dict, env: dict[str, str]) -> Config:
+    """The Config with what an initialize request carries besides hooks (the TypeScript SDK sends these there, not as
+    flags), each as its command-line twin sets it: in-process and other MCP servers (--mcp-config), the system prompt
+    and its addition, sub-agent types (--agents), the answer's schema (--json-schema), refused tools
+    (--disallowedTools), settings (--settings); UsageError for a value of the wrong shape."""
+    changes: dict[str, Any] = {}
+    names = request.get("sdkMcpServers") if isinstance(request.get("sdkMcpServers"), list) else []
+    servers = {name: {"type": "sdk", "name": name} for name in names if isinstance(name, str)}
+    if isinstance(request.get("mcpServers"), dict):
+        servers.update(mcp_servers([json.dumps({"mcpServers": request["mcpServers"]})], env))
+    if servers:
+        changes["mcp"] = tuple({**dict(cfg.mcp), **servers}.items())
+        changes["project_mcp"] = tuple((name, spec) for name, spec in cfg.project_mcp if name not in servers)
+    system = request.get("systemPrompt")
+    system = "\n\n".join(part for part in system if isinstance(part, str)) if isinstance(system, list) else system
+    if isinstance(system, str) and system.strip():
+        changes["system_prompt"] = system.strip()
+    if isinstance(append := request.get("appendSystemPrompt"), str) and append.strip():
+        changes["append_system_prompt"] = "\n\n".join(filter(None, [cfg.append_system_prompt, append.strip()]))
+    if request.get("agents") is not None:
+        changes["agents"] = tuple({**dict(cfg.agents), **dict(agent_specs(request["agents"], "agents"))}.items())
+    if isinstance(request.get("jsonSchema"), dict):
+        changes["json_schema"] = request["jsonSchema"]
+    if isinstance(refused := request.get("disallowedTools"), list):
+        changes["disallowed"] = cfg.disallowed + rule_list(",".join(map(str, refused)))
+    if isinstance(settings := request.get("settings"), (dict, str)):  # --settings, read last
+        text = settings if isinstance(settings, str) else json.dumps(settings)
+        changes["settings"] = (*cfg.settings, parsed_layer("flag", "--settings", text, cfg.cwd))
+    return cfg._replace(**changes)
+
+
+def custom_commands(cfg: Config) -> list[dict]:
+    """The skills and custom commands a prompt may start with, as the SDK's initialize answer lists them."""
+    folders = [cfg.cwd] + ([cfg.home] if cfg.home else [])
+    skills = discover_skills(folders, lambda text: None)
+    listed = {s.name: {"name": s.name, "description": s.description, "argumentHint": ""} for s in skills.values()}
+    for name, command in discover_commands(folders).items():
+        listed.setdefault(name, {"name": name, "description": command.description, "argumentHint": command.hint})
+    return list(listed.values())
+
+
 class SdkRun:
     """A run driven by the Agent SDK: one conversation whose prompts come from stdin, each answered with Claude
     Code's events and a result; control requests change the mode or the model, interrupt a turn, and report."""
@@ -8984,6 +9268,8 @@ class SdkRun:
         self.hooks: dict = {}  # what initialize registered: event -> [{"matcher", "hookCallbackIds", "timeout"}]
         self.changes: dict = {}  # set_model and set_permission_mode: Config fields for the next prompt
         self.running, self.lock, self.main = False, threading.Lock(), threading.get_ident()
+        self.initialized = threading.Event()  # initialize answered: its options are in self.cfg
+        self.halted = False  # can_use_tool denied with interrupt: true: the turn ends before its next request
         self.link = SdkLink(self.reporter.claude, streams.stdin, {
             "initialize": self.initialize, "interrupt": self.interrupt, "set_permission_mode": self.set_mode,
             "set_model": self.set_model, "mcp_status": self.mcp_status}, self.reporter.say)
@@ -8991,9 +9277,11 @@ class SdkRun:
     def run(self) -> int:
         """Answer prompts until stdin ends; the exit code is the last result's."""
         self.link.start()
+        self.wait_for_initialize()
+        self.initialized.set()  # from here on, an initialize's options come too late to shape the run
         ask = self.can_use_tool if self.cfg.permission_prompt == "stdio" else lambda tool, *_: Denied(
             f"Claude requested permissions to use {tool}, but you haven't granted it yet.")  # Claude Code's words
-        self.agent = Agent(self.cfg, self.env, self.reporter, ask_user=ask, relay=self.mcp_message)
+        self.agent = Agent(self.cfg, self.env, self.emit, ask_user=ask, relay=self.mcp_message)
         try:
             messages = self.agent.conversation(self.resume, self.fork)
             while (message := self.next_prompt()) is not None:
@@ -9001,6 +9289,19 @@ class SdkRun:
         finally:
             self.agent.close()
         return self.code
+
+    def wait_for_initialize(self) -> None:
+        """Wait until initialize is answered, its options then shaping the run; without --await-initialize, a prompt
+        that comes first (a program that sends none) starts the run too, and so does the end of stdin."""
+        link, waiting = self.link, lambda: self.cfg.await_initialize or link.prompts.empty()
+        while not self.initialized.wait(0.02) and not link.closed and waiting():
+            pass
+
+    def emit(self, event: dict) -> None:
+        """An event of the run for the reporter; after a deny that interrupts, the turn's next request is not made."""
+        if event["type"] == "request" and self.halted and threading.get_ident() == self.main:
+            raise KeyboardInterrupt
+        self.reporter(event)
 
     def next_prompt(self) -> dict | None:
         """The next prompt from stdin, None at its end (an interrupt that came too late to stop a turn is dropped)."""
@@ -9012,13 +9313,13 @@ class SdkRun:
         """Answer one prompt: init, the events of the turn, the result (an interrupt ends only the turn)."""
         agent, reporter = self.agent, self.reporter
         assert agent and reporter.claude
-        agent.cfg, self.changes = agent.cfg._replace(**self.changes), {}
+        agent.cfg, self.changes, self.halted = agent.cfg._replace(**self.changes), {}, False
         self.add_hooks()
         reporter.begin(time.monotonic())
         reporter.write_json(init_event(agent.cfg, agent, agent.cfg.permission_mode))
         if self.cfg.replay_user_messages:
             reporter.write_json({**message, "session_id": agent.cfg.session_id, "uuid": new_uuid(), "isReplay": True})
-        outcome, failure, error = None, None, ""
+        outcome, failure, error, before = None, None, "", agent.usage.snapshot()
         try:
             if not isinstance(message.get("message"), dict):  # a malformed prompt fails alone
                 raise AgentError(f"the prompt's message is not an object: {one_line(str(message.get('message')), 80)}")
@@ -9026,6 +9327,7 @@ class SdkRun:
             with self.lock:
                 self.running = True
             try:
+                text = expand_command(agent, text)[0]  # the command's model is for -p and sessions
                 outcome = agent.ask(messages, text, images=images)
             finally:
                 with self.lock:
@@ -9035,9 +9337,9 @@ class SdkRun:
             for answer in unanswered(messages):  # the conversation stays valid for the next prompt
                 messages.append(answer)
         if isinstance(failure, KeyboardInterrupt):
-            error = INTERRUPTED
-            reporter.claude.aborted(agent.cfg.model)
-            messages.append({"role": "user", "content": INTERRUPTED})
+            error = INTERRUPTED_TOOL if self.halted else INTERRUPTED
+            reporter.claude.aborted(agent.cfg.model, error)
+            messages.append({"role": "user", "content": error})
         elif failure:
             reporter.say(error)
         elif outcome and outcome.subtype != "success":
@@ -9045,21 +9347,29 @@ class SdkRun:
         else:
             self.code = EXIT_OK
         reporter.write_json(result_object(outcome, error, agent.usage, reporter.started, agent.cfg.session_id,
-                                          reporter, failure))
+                                          reporter, failure, agent.usage.since(before)))
 
     def initialize(self, request: dict) -> dict:
-        """The SDK's first request: keep its hooks; say what solo offers."""
+        """The SDK's first request: keep its hooks, apply its options (before the run starts); say what solo offers
+        and what it applied."""
+        applied = not self.initialized.is_set()  # options that come once the run has started change nothing
+        if applied:
+            self.cfg = initialize_config(self.cfg, request, self.env)
         self.hooks = request.get("hooks") if isinstance(request.get("hooks"), dict) else {}
+        self.initialized.set()
         cfg = self.agent.cfg if self.agent else self.cfg  # with the settings files' model and mode, once read
-        skills = discover_skills([cfg.cwd] + ([cfg.home] if cfg.home else []), lambda text: None)
-        return {"commands": [{"name": s.name, "description": s.description, "argumentHint": ""}
-                             for s in skills.values()],
-                "agents": [], "output_style": "default", "available_output_styles": ["default"],
-                "models": [{"value": name, "displayName": name, "description": model_id(name)}
+        kinds = discover_agents([cfg.cwd] + ([cfg.home] if cfg.home else []), lambda text: None, cfg.agents)
+        return {"commands": custom_commands(cfg),
+                "agents": [{"name": k.name, "description": k.description, **({"model": k.model} if k.model else {})}
+                           for k in kinds.values()],
+                "output_style": "default", "available_output_styles": ["default"],
+                "models": [{"value": name, "displayName": name, "description": model_id(name, cfg.aliases)}
                            for name in MODEL_ALIASES],
                 "account": {}, "pid": os.getpid(), "claude_code_version": CLAUDE_CODE_PROTOCOL, "solo_version": VERSION,
                 "current_model": cfg.model, "current_permission_mode": cfg.permission_mode,
-                "hooks": {event: len(matchers) for event, matchers in self.hooks.items()}}
+                "hooks": {event: len(matchers) for event, matchers in self.hooks.items()},
+                "hooks_applied": True, "hook_on_failure_supported": True, "mcp_servers_applied": applied,
+                "settings_applied": applied, "disallowed_tools_applied": applied}
 
     def interrupt(self, request: dict) -> dict:
         """Stop the turn under way (as Ctrl-C would: its commands are killed); the run goes on."""
@@ -9071,7 +9381,12 @@ class SdkRun:
     def set_mode(self, request: dict) -> dict:
         """Change the permission mode, from the next tool call on."""
         if request.get("mode") not in PERMISSION_MODES:
-            raise AgentError(f"unknown permission mode {request.get('mode')!r}; modes: {', '.join(PERMISSION_MODES)}")
+            why = " (Claude Code's model classifier, which solo does not have)" if request.get("mode") == "auto" else ""
+            raise AgentError(f"unknown permission mode {request.get('mode')!r}{why}; modes: "
+                             f"{', '.join(PERMISSION_MODES)}")
+        if request["mode"] == "bypassPermissions" and not self.cfg.bypass_allowed:
+            raise AgentError("cannot switch to bypassPermissions: solo was not started with "
+                             "--dangerously-skip-permissions or --allow-dangerously-skip-permissions")
         self.changes["permission_mode"] = request["mode"]
         if self.agent:
             self.agent.cfg = self.agent.cfg._replace(permission_mode=request["mode"])
@@ -9082,7 +9397,7 @@ class SdkRun:
         if not isinstance(model := request.get("model"), (str, type(None))):
             raise AgentError("set_model takes a model name (a string) or null for the default, not "
                              f"{one_line(json.dumps(model), 100)}")
-        self.changes["model"] = model_id(model or DEFAULT_MODEL)
+        self.changes["model"] = model_id(model or "haiku", self.cfg.aliases)  # none: the default
         return {}
 
     def add_hooks(self) -> None:
@@ -9091,19 +9406,21 @@ class SdkRun:
         for event, matchers in self.hooks.items():
             for matcher in matchers if event in HOOK_EVENTS and isinstance(matchers, list) else []:
                 timeout = float(matcher.get("timeout") or HOOK_TIMEOUT)
+                block = matcher.get("onFailure") == "block" and event not in ("Stop", "SubagentStop")  # as the SDK says
                 for callback in matcher.get("hookCallbackIds") or []:
-                    run = functools.partial(self.hook_callback, event, str(callback), timeout)
+                    run = functools.partial(self.hook_callback, event, str(callback), timeout, block)
                     self.agent.hooks.hooks.append(Hook(event, matcher.get("matcher") or "", f"sdk {callback}",
                                                        timeout, "the Agent SDK", run))
         self.hooks = {}
 
-    def hook_callback(self, event: str, callback: str, timeout: float, data: dict) -> HookResult:
-        """A hook's answer from the SDK's callback; one that fails blocks nothing, as a failing hook command."""
+    def hook_callback(self, event: str, callback: str, timeout: float, block: bool, data: dict) -> HookResult:
+        """A hook's answer from the SDK's callback; one that fails blocks nothing, as a failing hook command, unless
+        it was registered with onFailure "block"."""
         try:
             answer = self.link.request("hook_callback", {"callback_id": callback, "input": data,
                                                          "tool_use_id": data.get("tool_use_id")}, timeout)
         except AgentError as error:
-            return HookResult(1, message=str(error))
+            return HookResult(2, block=f"the hook failed: {error}") if block else HookResult(1, message=str(error))
         return hook_answer(event, answer)
 
     def mcp_status(self, request: dict) -> dict:
@@ -9122,6 +9439,7 @@ class SdkRun:
         answer = self.link.request("can_use_tool", {"tool_name": tool, "input": args, "tool_use_id": call_id,
                                                     "permission_suggestions": suggestions})
         if answer.get("behavior") != "allow":
+            self.halted = self.halted or answer.get("interrupt") is True
             return Denied(str(answer.get("message") or f"the SDK's can_use_tool refused {tool}"))
         if isinstance(answer.get("updatedInput"), dict):
             args.clear()

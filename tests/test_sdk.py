@@ -41,14 +41,17 @@ def collect(prompt: str, opts: ClaudeAgentOptions) -> list:
 def test_query_runs_a_tool_and_ends_with_a_result(serve, workspace):
     server = serve(tool_then([call("Bash", {"command": "echo hi"}, id="c1")], "done"))
     messages = collect("say hi", options(server, workspace, permission_mode="bypassPermissions"))
-    assert [type(m).__name__ for m in messages] == ["SystemMessage", "AssistantMessage", "UserMessage",
-                                                    "AssistantMessage", "ResultMessage"]
-    init, use, result_message, answer, result = messages
+    assert [type(m).__name__ for m in messages] == ["SystemMessage", "SystemMessage", "AssistantMessage",
+                                                    "UserMessage", "SystemMessage", "AssistantMessage",
+                                                    "ResultMessage"]
+    assert [m.subtype for m in messages if type(m).__name__ == "SystemMessage"] == ["init", "status", "status"]
+    init, _, use, result_message, _, answer, result = messages
     assert init.subtype == "init" and init.data["claude_code_version"] == agent.CLAUDE_CODE_PROTOCOL
     assert init.data["permissionMode"] == "bypassPermissions" and "Bash" in init.data["tools"]
     assert use.content == [ToolUseBlock(id="c1", name="Bash", input={"command": "echo hi"})]
     assert use.model == "anthropic/claude-4.5-haiku-20251001" and use.message_id.startswith("msg_")
-    assert result_message.content[0].content == result_message.tool_use_result == "hi\n[exit code 0]"
+    assert result_message.content[0].content == "hi\n[exit code 0]"  # the text the model read; Claude Code's object:
+    assert result_message.tool_use_result == {"stdout": "hi", "stderr": "", "interrupted": False}
     assert answer.content == [TextBlock(text="done")] and answer.usage["cache_read_input_tokens"] == 50
     assert (result.subtype, result.is_error, result.result, result.num_turns) == ("success", False, "done", 2)
     assert result.stop_reason == "end_turn" and result.session_id == init.data["session_id"]
@@ -114,12 +117,13 @@ def test_a_client_over_several_turns_with_mode_model_interrupt_and_an_unsupporte
 
     anyio.run(run)
     first, second, third, fourth = seen["first"], seen["second"], seen["third"], seen["fourth"]
-    assert first[1].content == [TextBlock(text="model anthropic/claude-haiku-4.5, 2 messages")]
+    assert first[2].content == [TextBlock(text="model anthropic/claude-haiku-4.5, 2 messages")]
     assert second[0].data["permissionMode"] == "acceptEdits" and second[0].data["model"] == "openai/gpt-4o"
     assert (workspace / "w.txt").read_text() == "x" and server.bodies[1]["model"] == "openai/gpt-4o"
     assert "cache_control" not in server.bodies[1]  # only Anthropic's models are asked to cache
     assert seen["ack"] < 1 and seen["refusal"] < 1
-    aborted, interruption, result = third[1:]
+    assert third[1].subtype == "status"  # system/status before each request
+    aborted, interruption, result = third[2:]
     assert aborted.content == [TextBlock(text="partial ")]
     assert interruption.content == [TextBlock(text="[Request interrupted by user]")]
     assert (result.subtype, result.is_error, result.terminal_reason) == ("error_during_execution", True,
@@ -229,7 +233,7 @@ def test_stream_json_shapes_as_jq_recipes_read_them(serve, run, workspace):
     assert json.loads(partial) == {"command": "echo hi"}
     assert [s["delta"]["stop_reason"] for s in stream if s["type"] == "message_delta"] == ["tool_use", "end_turn"]
     user = next(e for e in events if e["type"] == "user")
-    assert user["tool_use_result"] == "hi\n[exit code 0]"
+    assert user["tool_use_result"] == {"stdout": "hi", "stderr": "", "interrupted": False}
     last = events[-1]  # jq '.result', '.total_cost_usd', '.usage | .input_tokens + .cache_read_input_tokens'
     assert (last["type"], last["result"], last["terminal_reason"], last["stop_reason"]) == (
         "result", "the answer", "completed", "end_turn")
@@ -243,7 +247,8 @@ def test_json_verbose_is_the_array_of_every_event(serve, run, workspace):
     server = serve(tool_then_answer)
     result = run(["-p", "q", "--output-format", "json", "--verbose"], cwd=workspace, base_url=server.url)
     events = json.loads(result.stdout)  # jq '.[-1].result', jq 'map(.type)'
-    assert [e["type"] for e in events] == ["system", "assistant", "assistant", "user", "assistant", "result"]
+    assert [e["type"] for e in events] == ["system", "system", "assistant", "assistant", "user", "system", "assistant",
+                                           "result"]
     assert events[-1]["result"] == "the answer"
 
 

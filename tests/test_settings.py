@@ -305,7 +305,8 @@ def test_a_project_deny_rule_holds_in_p_and_in_bypass_mode(workspace):
     (workspace / "notes.txt").write_text("keep\n")
     events = []
     made = make_agent(workspace, "--yes", events=events, model=scripted(
-        [call("Edit", {"file_path": "notes.txt", "old_string": "keep", "new_string": "gone"}, id="e")],
+        [call("Write", {"file_path": "notes.txt", "content": "gone"}, id="e")],  # Edit is not offered: Write is,
+        # and Edit rules govern it
         [call("Bash", {"command": "touch made && rm notes.txt"}, id="b")]))
     outcome = ask(made)
     settings = workspace / ".claude" / "settings.json"

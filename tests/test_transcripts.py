@@ -389,8 +389,14 @@ def test_each_prompt_of_a_p_run_is_saved_as_sent(serve, run, workspace):
     sent = server.bodies[-1]["messages"]
     started = {"type": "started", "tool_call_ids": [sent[2]["tool_calls"][0]["id"]]}
     usage = [line for line in lines if line.get("type") == "assistant"]  # one per reply, in Claude Code's shape
-    assert [line for line in lines[1:] if line not in usage] == sent[:1] + [{**sent[1], "prompt_id": 1}] + \
+    claude = [line for line in lines if line.get("type") == "user"]  # the prompt and the tool result, in its shape
+    assert [line for line in lines[1:] if line not in usage + claude] == sent[:1] + [{**sent[1], "prompt_id": 1}] + \
         sent[2:3] + [started] + sent[3:] + [{"role": "assistant", "content": "done first"}]  # and the prompt's identity
+    assert [line["message"]["content"] for line in claude] == ["first", [
+        {"type": "tool_result", "tool_use_id": sent[2]["tool_calls"][0]["id"], "content": sent[3]["content"],
+         "is_error": False}]]
+    chain = [(line["uuid"], line["parentUuid"]) for line in lines if line.get("uuid")]
+    assert [parent for _, parent in chain] == [None] + [uuid for uuid, _ in chain[:-1]]  # one chain, in order
     assert len(usage) == 2 and {u["sessionId"] for u in usage} == {path.stem} and usage[0]["costUSD"] == 0.001
     assert usage[0]["message"]["usage"] == {"input_tokens": 30, "cache_creation_input_tokens": 20,
                                             "cache_read_input_tokens": 50, "output_tokens": 10}
