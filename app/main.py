@@ -8097,17 +8097,17 @@ def user_content(content: Any) -> tuple[str, list[dict]]:
     return "\n\n".join(texts), images
 
 
-class SdkLink:
-    """stdin and stdout with the SDK: a thread reads stdin and routes each line by type (prompts queued, control
-    requests answered at once by their handler, answers to our own requests handed to their waiter); requests to
-    the SDK wait for their answer while other traffic flows. At the end of stdin the queue gets None."""
+class LineLink:
+    """One JSON object a line with a peer on stdin and stdout, shared by SDK and ACP mode: a thread reads stdin and
+    hands each object to `route` (a line that is not a JSON object, or nests too deep, goes to `garbage`); lines go
+    out whole, one at a time, under one lock; our own requests wait for the answer `settle` hands them while other
+    traffic flows. At the end of stdin, whatever way it ends, every waiter wakes and the queue gets None."""
 
-    def __init__(self, out: ClaudeOutput, stdin: Any, handlers: dict[str, Callable[[dict], dict]],
-                 notice: Callable[[str], None]):
+    def __init__(self, stdin: Any, write: Callable[[dict], None], notice: Callable[[str], None]):
         import queue
-        self.out, self.stdin, self.handlers, self.notice = out, stdin, handlers, notice
+        self.stdin, self.write, self.notice = stdin, write, notice
         self.prompts: Any = queue.SimpleQueue()
-        self.pending: dict[str, threading.Event] = {}
+        self.pending: dict[Any, threading.Event] = {}
         self.ids, self.closed = itertools.count(1), False
 
     def start(self) -> None:
@@ -8115,20 +8115,63 @@ class SdkLink:
         threading.Thread(target=self.read, daemon=True).start()
 
     def read(self) -> None:
-        """Route every line of stdin; at its end, wake every waiter and end the queue."""
-        with contextlib.suppress(OSError, ValueError):
-            while line := self.stdin.readline():
-                try:
-                    message = json.loads(line)
-                    assert isinstance(message, dict)
-                except (ValueError, AssertionError):
-                    self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
-                    continue
-                self.route(message)
-        self.closed = True
-        for slot in list(self.pending.values()):
+        """Route every line of stdin (bytes decoded here: a stray byte costs only itself); at its end, wake every
+        waiter and end the queue."""
+        try:
+            with contextlib.suppress(OSError, ValueError):
+                source = getattr(self.stdin, "buffer", self.stdin)
+                while line := source.readline():
+                    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+                    try:
+                        message = json.loads(text)
+                    except (ValueError, RecursionError):
+                        message = None
+                    if not isinstance(message, dict):
+                        self.garbage(text, message)
+                    else:
+                        self.route(message)
+        finally:
+            self.closed = True
+            for slot in list(self.pending.values()):
+                slot.set()
+            self.prompts.put(None)
+
+    def garbage(self, line: str, message: Any) -> None:
+        """A line that is not a JSON object: said on stderr and skipped."""
+        self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
+
+    def route(self, message: dict) -> None:
+        """One object from the peer (each mode its own)."""
+        raise NotImplementedError
+
+    def wait(self, request_id: Any, message: dict, timeout: float | None = None) -> Any:
+        """Send a request of ours and wait for its answer: what `settle` handed over, None when stdin closed first or
+        the time ran out."""
+        slot = threading.Event()
+        slot.response, self.pending[request_id] = None, slot  # type: ignore[attr-defined]
+        try:
+            if not self.closed:
+                self.write(message)
+                slot.wait(timeout)
+        finally:
+            self.pending.pop(request_id, None)
+        return slot.response  # type: ignore[attr-defined]
+
+    def settle(self, request_id: Any, response: Any) -> None:
+        """Hand an answer to the request waiting for it (an answer nobody waits for is dropped)."""
+        if slot := self.pending.get(request_id):
+            slot.response = response  # type: ignore[attr-defined]
             slot.set()
-        self.prompts.put(None)
+
+
+class SdkLink(LineLink):
+    """stdin and stdout with the SDK: lines routed by type (prompts queued, control requests answered at once by
+    their handler, answers to our own requests handed to their waiter)."""
+
+    def __init__(self, out: ClaudeOutput, stdin: Any, handlers: dict[str, Callable[[dict], dict]],
+                 notice: Callable[[str], None]):
+        super().__init__(stdin, out.write, notice)
+        self.out, self.handlers = out, handlers
 
     def route(self, message: dict) -> None:
         """One line from the SDK."""
@@ -8139,9 +8182,7 @@ class SdkLink:
             self.answer(message.get("request_id"), message.get("request") if isinstance(message.get("request"),
                                                                                         dict) else {})
         elif kind == "control_response" and isinstance(message.get("response"), dict):
-            if slot := self.pending.get(message["response"].get("request_id")):
-                slot.response = message["response"]  # type: ignore[attr-defined]
-                slot.set()
+            self.settle(message["response"].get("request_id"), message["response"])
 
     def answer(self, request_id: Any, request: dict) -> None:
         """Answer a control request: its handler's response, or an error naming what went wrong (whatever it is:
@@ -8157,16 +8198,9 @@ class SdkLink:
 
     def request(self, subtype: str, fields: dict, timeout: float | None = None) -> dict:
         """Ask the SDK and wait for its answer; AgentError when it answers with an error, or never can."""
-        request_id, slot = f"solo_{next(self.ids)}_{os.urandom(4).hex()}", threading.Event()
-        slot.response, self.pending[request_id] = None, slot  # type: ignore[attr-defined]
-        try:
-            if not self.closed:
-                self.out.write({"type": "control_request", "request_id": request_id,
-                                "request": {"subtype": subtype, **fields}})
-                slot.wait(timeout)
-        finally:
-            self.pending.pop(request_id, None)
-        response = slot.response or {}  # type: ignore[attr-defined]
+        request_id = f"solo_{next(self.ids)}_{os.urandom(4).hex()}"
+        response = self.wait(request_id, {"type": "control_request", "request_id": request_id,
+                                          "request": {"subtype": subtype, **fields}}, timeout) or {}
         if response.get("subtype") != "success":
             why = response.get("error") or ("stdin is closed" if self.closed else "no answer in time")
             raise AgentError(f"the SDK did not answer {subtype}: {one_line(str(why), 200)}")
