@@ -3,6 +3,7 @@
 Usage (`solo` installed, or ./your_program.sh in the repository):
     solo -p "PROMPT" [options]     answer one prompt, print the answer, exit
     solo [options]                 read the prompt from piped stdin, or start a session
+    solo --acp                     an editor's agent: the Agent Client Protocol on stdin and stdout
 
 The agent sends the conversation and its tool specs to OpenRouter's chat completions API, runs every
 tool call the model makes (Read, Write, Edit, Bash, Glob, Grep, Skill, NotebookEdit, BashOutput, KillShell,
@@ -28,7 +29,8 @@ Sections, in the order data flows:
     Command line, Claude Code's output  flags and Config; text, json and stream-json as Claude Code writes them
     Prompts and runs                    one -p run
     Terminal, Session                   drawing on a terminal; the interactive session
-    SDK mode, Main                      the Agent SDK's protocol; main() and the exit codes
+    SDK mode, ACP mode                  the Agent SDK's protocol; the Agent Client Protocol of editors (--acp)
+    Main                                main() and the exit codes
 
 Examples:
     solo -p "What does this project do?"           # answer one prompt and exit
@@ -1475,6 +1477,7 @@ class ToolContext(NamedTuple):
     blind: Callable[[], str] | None = None  # the model in use when the model list says it cannot take images, else ""
     pages: dict | None = None  # the run's fetched pages: URL -> (monotonic time, final URL, text); None: none kept
     call_id: str = ""  # the id of the call being run (a sub-agent's messages name their Agent call)
+    editor: Any = None  # ACP mode's EditorFiles: text files read and written through the editor; None: the disk
 
 
 class Tool(NamedTuple):
@@ -1642,9 +1645,12 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
         return notebook
     st, key = path.stat(), (str(path.resolve()), offset, limit)
     stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-    if ctx.reads is not None and ctx.reads.get(key) == stamp:
+    if ctx.reads is not None and ctx.reads.get(key) == stamp and not ctx.editor:  # a buffer may differ
         return f"[{file_path} has not changed since your earlier Read of these lines: that result is still current]"
     f, encoding = open_text(path)
+    if ctx.editor and encoding == UTF8 and (text := ctx.editor.read(path)) is not None:  # unsaved edits seen
+        f.close()
+        f = io.StringIO(text, newline="")
     with f, time_limit(SEARCH_SECONDS):  # a special file under /proc can block, a sparse one go on for ever
         if encoding is None:
             raise ToolError(f"{file_path} is a binary file ({path.stat().st_size} bytes); Read shows text only")
@@ -1708,6 +1714,8 @@ def write_file(ctx: ToolContext, path: Path, data: bytes, file_path: str) -> Non
     """Write a file's new bytes: in a sandbox only beneath its folders (write_beneath), else wherever the path leads
     (write_anywhere); errors name the path the model gave."""
     try:
+        if ctx.editor and ctx.editor.write(ctx, path, data, file_path):
+            return
         if ctx.sandbox:
             write_beneath(ctx.sandbox.roots, ctx.guard, path, data, file_path)
         else:
@@ -1759,6 +1767,7 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     if path.stat().st_size > EDIT_MAX_BYTES:
         raise ToolError(f"{file_path} is larger than {EDIT_MAX_BYTES} bytes; edit it with Bash instead")
     raw = path.read_bytes()
+    raw = ctx.editor.text(path, raw) if ctx.editor else raw
     encoding = sniff_encoding(raw[:SNIFF_BYTES])
     try:
         text = encoding.decode(raw) if encoding else "\0"
@@ -6098,6 +6107,8 @@ def add_run_options(add: Callable[..., Any]) -> None:
         "to write in)")
     add("--settings", metavar="FILE_OR_JSON", help="one more settings file (Claude Code's format), read last")
     add("--setting-sources", metavar="LIST", help="which settings files to read: user,project,local (default all)")
+    add("--acp", action="store_true", help="speak the Agent Client Protocol on stdin and stdout (editors: Zed, "
+        "JetBrains, Neovim, Emacs)")
     add("--version", action="store_true", help="print the version and exit")
 
 
@@ -7095,6 +7106,13 @@ def file_before(cwd: Path, args: dict) -> tuple[Path, bool, bytes | None]:
     return path, path.exists(), None
 
 
+def call_label(name: str, args: dict) -> str:
+    """A tool call's line: its name and its main argument (a command, a path, a pattern, a URL), cut short."""
+    what = next((args[k] for k in ("command", "file_path", "pattern", "url") if isinstance(args.get(k), str)),
+                json.dumps(args, ensure_ascii=False))
+    return f"{name}({visible(one_line(what, 80))})"
+
+
 def result_summary(name: str, args: dict, content: str) -> list[str]:
     """A few lines saying what a call gave: output's first and last lines, an error, a Read's range, a count."""
     lines = re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).split("\n")
@@ -7261,9 +7279,7 @@ class Display(Reporter):
             args = parse_arguments(event["arguments"])
         except ValueError:
             args = {}
-        what = next((args[k] for k in ("command", "file_path", "pattern", "url") if isinstance(args.get(k), str)),
-                    json.dumps(args, ensure_ascii=False))
-        label = f"{event['name']}({visible(one_line(what, 80))})"
+        label = call_label(event["name"], args)
         before = file_before(self.cfg.cwd, args)[1:] if event["name"] in ("Write", "Edit") else (False, None)
         self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
         if event["name"] != "TodoWrite":  # drawn as its list
@@ -7415,12 +7431,8 @@ DIFF_LINES = 40  # lines of a file change shown before the user allows it
 MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
 
 
-def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
-    """What a call will do, shown whole before it is allowed: every line of a command, or a file change's diff."""
-    if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
-        text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
-        blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
-        return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
+def file_change(cwd: Path, tool: str, args: dict) -> tuple[str, bool, str, str]:
+    """A Write's or Edit's file as the call names it, whether it exists, and its text before and after the call."""
     path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
     _, exists, data = file_before(cwd, args)
     text = data.decode(errors="replace") if data is not None else None
@@ -7428,6 +7440,16 @@ def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str
         old, new = text or "", str(args.get("content", ""))
     elif text is not None and old and old in text:
         old, new = text, text.replace(old, new, -1 if args.get("replace_all") is True else 1)
+    return path, exists, old, new
+
+
+def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
+    """What a call will do, shown whole before it is allowed: every line of a command, or a file change's diff."""
+    if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
+        text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
+        blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
+        return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
+    path, exists, old, new = file_change(cwd, tool, args)
     every = " (every occurrence)" if args.get("replace_all") is True else ""
     diff = shown_diff(path, old if exists else None, new, colour)
     return f"{'change' if exists else 'create'} {visible(path)}{every}\n{diff}"
@@ -8366,6 +8388,648 @@ class SdkRun:
         return reply if isinstance(reply, dict) else {}
 
 
+# --- ACP mode -------------------------------------------------------------------------------------
+# Editors (Zed, JetBrains, Neovim, Emacs) start `solo --acp` and speak the Agent Client Protocol v1 with it
+# (REFERENCE.md §15): JSON-RPC 2.0, one message a line, requests both ways. SDK mode's LineLink reads and writes
+# the lines; each session is a conversation of its own (its Agent, transcript and grants), each prompt runs on a
+# thread of its own, and a cancel reaches that thread as Ctrl-C reaches a terminal session's.
+
+ACP_VERSION = 1
+ACP_PARSE, ACP_INVALID, ACP_NO_METHOD, ACP_BAD_PARAMS, ACP_INTERNAL = -32700, -32600, -32601, -32602, -32603
+ACP_AUTH, ACP_NOT_FOUND = -32000, -32002
+ACP_AUTH_METHOD = "openrouter-api-key"
+ACP_KINDS = {"Read": "read", "Write": "edit", "Edit": "edit", "MultiEdit": "edit", "NotebookEdit": "edit",
+             "Bash": "execute", "BashOutput": "execute", "KillShell": "execute", "Glob": "search", "Grep": "search",
+             "WebFetch": "fetch", "WebSearch": "fetch", "TodoWrite": "think", "Agent": "think", "Task": "think"}
+ACP_MODES = {"default": ("Default", "asks before edits, commands and other changes"),
+             "acceptEdits": ("Accept edits", "file edits run without asking; commands still ask"),
+             "plan": ("Plan", "read-only tools only: investigate, then answer with a plan"),
+             "bypassPermissions": ("Bypass permissions", "nothing asks (deny rules still hold)")}
+ACP_STOPS = {"length": "max_tokens", "content_filter": "refusal"}  # the last reply's finish_reason -> stopReason
+ACP_CHOICES = {"allow_once": "y", "allow_always": "a", "reject_once": "n", "reject_always": "n"}
+
+
+class AcpError(Exception):
+    """A request answered with a JSON-RPC error: its code and message."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def async_raise(thread: int, error: type[BaseException] | None) -> None:
+    """Raise an exception in another thread at its next Python step (None takes back one not yet raised)."""
+    import ctypes
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(error) if error else None)
+
+
+def cut_reply(response: Any) -> None:
+    """Shut the socket a streamed reply arrives on, so a read waiting on it returns at once."""
+    with contextlib.suppress(Exception):
+        response.raw._connection.sock.shutdown(socket.SHUT_RDWR)
+
+
+def param(params: dict, name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    """One field of a request's params; an invalid-params error naming it when it is missing or of another type."""
+    value = params.get(name, default)
+    if value is ... or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        raise AcpError(ACP_BAD_PARAMS, f"Invalid params: {name} must be {' or '.join(k.__name__ for k in kinds)}")
+    return value
+
+
+def acp_servers(servers: list) -> tuple[tuple[str, dict], ...]:
+    """The MCP servers a client passes, as .mcp.json's entries (stdio, http)."""
+    converted = []
+    for i, server in enumerate(servers):
+        if not isinstance(server, dict) or not isinstance(server.get("name"), str):
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: mcpServers[{i}] needs a name")
+        pairs = {p.get("name"): p.get("value") for p in server.get("env") or server.get("headers") or []
+                 if isinstance(p, dict)}
+        if server.get("type") in ("http", "sse"):
+            spec = {"type": server["type"], "url": str(server.get("url", "")), "headers": pairs}
+        elif isinstance(server.get("command"), str):
+            spec = {"command": server["command"], "args": [str(a) for a in server.get("args") or []], "env": pairs}
+        else:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: mcpServers[{i}] needs a command or an http url")
+        converted.append((server["name"], spec))
+    return tuple(converted)
+
+
+def acp_prompt(blocks: list) -> tuple[str, list[dict]]:
+    """A prompt's text and images from ACP content blocks: files linked become @mentions, embedded resources
+    context."""
+    texts, images = [], []
+    for i, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        resource = block.get("resource") if kind == "resource" and isinstance(block.get("resource"), dict) else {}
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "resource_link" and isinstance(block.get("uri"), str):
+            uri = block["uri"]
+            texts.append(f"@{uri[7:]}" if uri.startswith("file://") else f"[{block.get('name') or uri}]({uri})")
+        elif kind == "resource" and isinstance(resource.get("text"), str):
+            texts.append(f'<context ref="{resource.get("uri", "")}">\n{resource["text"]}\n</context>')
+        elif kind == "image" and isinstance(block.get("data"), str):
+            url = f"data:{block.get('mimeType') or 'image/png'};base64,{block['data']}"
+            images.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: prompt[{i}] is not a content block solo takes "
+                                           "(text, resource_link, resource with text, image)")
+    return "\n\n".join(texts), images
+
+
+def acp_location(cwd: Path, name: str, args: dict) -> list[dict]:
+    """Where a call looks or writes, so the editor can follow: the file (and a Read's first line) or the folder."""
+    where = args.get("notebook_path" if name == "NotebookEdit" else "file_path") or args.get("path")
+    if not isinstance(where, str) or not where:
+        return []
+    line = args.get("offset") if name == "Read" and isinstance(args.get("offset"), int) else None
+    return [{"path": str(Path(cwd, os.path.expanduser(where))), **({"line": line} if line else {})}]
+
+
+def acp_diff(cwd: Path, name: str, args: dict, change: tuple | None = None) -> list[dict]:
+    """A Write's or Edit's diff block for the editor: the change its input asks for (`change`: as file_change saw it
+    when the call started)."""
+    if name not in ("Write", "Edit"):
+        return []
+    path, exists, old, new = change or file_change(cwd, name, args)
+    return [{"type": "diff", "path": str(Path(cwd, os.path.expanduser(path))), "oldText": old if exists else None,
+             "newText": new}]
+
+
+def text_content(text: str) -> dict:
+    """A tool call's content item of text."""
+    return {"type": "content", "content": {"type": "text", "text": text}}
+
+
+class AcpLink(LineLink):
+    """stdin and stdout with an ACP client: JSON-RPC 2.0 lines. Requests and notifications go to `handle` on the
+    reader's thread (which starts threads for the slow ones); answers go to the request of ours that waits."""
+
+    def __init__(self, stdin: Any, stdout: Any, handle: Callable[[Any, str, dict, bool], None],
+                 notice: Callable[[str], None], secret: str):
+        super().__init__(stdin, self.send, notice)
+        self.stdout, self.handle, self.secret, self.lock = stdout, handle, secret, threading.Lock()
+
+    def send(self, message: dict) -> None:
+        """One message as one line, whole, under the lock (a client that left costs nothing)."""
+        line = redact(json.dumps({"jsonrpc": "2.0", **message}, ensure_ascii=False), self.secret) + "\n"
+        with self.lock, contextlib.suppress(OSError, ValueError):
+            self.stdout.write(line)
+            self.stdout.flush()
+
+    def garbage(self, line: str, message: Any) -> None:
+        """A line that is not JSON is a parse error; JSON that is not an object (a batch) an invalid request."""
+        if line.strip():
+            self.error(None, ACP_PARSE if message is None and not line.strip().startswith("[") else ACP_INVALID,
+                       "Parse error" if message is None else "Invalid Request: a message is one JSON object")
+
+    def route(self, message: dict) -> None:
+        """One message from the client: a request, a notification, or an answer to one of ours."""
+        rid, method, params = message.get("id"), message.get("method"), message.get("params", {})
+        if message.get("jsonrpc") != "2.0" or not isinstance(rid, (str, int, type(None))) or isinstance(rid, bool):
+            return self.error(rid if isinstance(rid, (str, int)) else None, ACP_INVALID,
+                              'Invalid Request: jsonrpc must be "2.0" and an id a string or number')
+        if method is None and "id" in message and ("result" in message or "error" in message):
+            return self.settle(rid, message)
+        if not isinstance(method, str):
+            return self.error(rid, ACP_INVALID, "Invalid Request: no method")
+        if not isinstance(params, dict):
+            return self.error(rid, ACP_BAD_PARAMS, "Invalid params: params must be an object") if "id" in message \
+                else None
+        self.handle(rid, method, params, "id" in message)
+
+    def error(self, rid: Any, code: int, text: str) -> None:
+        """Answer a request with an error."""
+        self.send({"id": rid, "error": {"code": code, "message": text}})
+
+    def notify(self, method: str, params: dict) -> None:
+        """A notification to the client."""
+        self.send({"method": method, "params": params})
+
+    def request(self, method: str, params: dict, asking: set | None = None) -> Any:
+        """Ask the client and wait for its result (its id kept in `asking` meanwhile, so a cancel can answer it);
+        AgentError when it answers with an error, or stdin ends first."""
+        rid = next(self.ids)
+        if asking is not None:
+            asking.add(rid)
+        try:
+            reply = self.wait(rid, {"id": rid, "method": method, "params": params})
+        finally:
+            if asking is not None:
+                asking.discard(rid)
+        if not isinstance(reply, dict) or isinstance(reply.get("error"), dict) or "result" not in reply:
+            why = (reply or {}).get("error", {}).get("message") if isinstance(reply, dict) else "stdin is closed"
+            raise AgentError(f"the client did not answer {method}: {one_line(str(why), 200)}")
+        return reply["result"]
+
+
+class AcpUpdates(Reporter):
+    """A session's agent events as session/update notifications: text and reasoning as they stream, tool calls as
+    they start and end (sub-agents' under their Agent call), the to-do list as a plan. Notices and the trace go
+    where any run's go (stderr, the trace file)."""
+
+    def __init__(self, session: AcpSession, cfg: Config, streams: Streams):
+        super().__init__(cfg._replace(output_format="text"), streams._replace(stdout=streams.stderr))
+        self.session, self.calls, self.texted = session, {}, False  # calls: id -> (name, input); texted: this reply
+
+    def update(self, update: dict) -> None:
+        """One session/update."""
+        self.session.run.link.notify("session/update", {"sessionId": self.session.id, "update": update})
+
+    def __call__(self, event: dict) -> None:
+        """Take one event from the agent."""
+        kind, own = event["type"], not event.get("agent")
+        if kind == "delta" and own:
+            self.chunk(event["delta"])
+        elif kind == "assistant" and own:
+            if not self.texted and (text := content_text(event["message"])):  # a reply that was not streamed
+                self.update({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}})
+            self.texted = False
+        elif kind == "tool_call":
+            self.start_call(event)
+        elif kind == "tool_result":
+            self.end_call(event)
+        elif kind == "todos" and own:
+            self.update({"sessionUpdate": "plan", "entries": [
+                {"content": str(t.get("content", "")), "priority": "medium", "status": t.get("status", "pending")}
+                for t in event["todos"]]})
+        super().__call__(event)
+
+    def chunk(self, delta: dict) -> None:
+        """A piece of the reply under way: its text, or its reasoning as a thought."""
+        for field, update in (("reasoning", "agent_thought_chunk"), ("content", "agent_message_chunk")):
+            if isinstance(text := delta.get(field), str) and text:
+                self.texted = self.texted or field == "content"
+                self.update({"sessionUpdate": update, "content": {"type": "text", "text": text}})
+
+    def start_call(self, event: dict) -> None:
+        """A call as it starts: its title (the terminal's tool line), kind, places and input."""
+        try:
+            args = parse_arguments(event["arguments"])
+        except ValueError:
+            args = {}
+        name, cwd = event["name"], self.session.agent.cfg.cwd
+        self.calls[event["id"]] = (name, args, file_change(cwd, name, args) if name in ("Write", "Edit") else None)
+        meta = {"_meta": {"parentToolCallId": event["parent"]}} if event.get("parent") else {}
+        self.update({"sessionUpdate": "tool_call", "toolCallId": event["id"], "title": call_label(name, args),
+                     "kind": ACP_KINDS.get(name, "other"), "status": "pending",
+                     "locations": acp_location(cwd, name, args), "rawInput": args, **meta})
+
+    def end_call(self, event: dict) -> None:
+        """A call as it ends: completed or failed, its result, and a file change's diff."""
+        name, args, change = self.calls.pop(event["id"], (event["name"], {}, None))
+        content = [text_content(str(event["content"]))]
+        if change and not event["is_error"]:
+            content += acp_diff(self.session.agent.cfg.cwd, name, args, change)
+        self.update({"sessionUpdate": "tool_call_update", "toolCallId": event["id"],
+                     "status": "failed" if event["is_error"] else "completed", "content": content,
+                     "rawOutput": str(event["content"])})
+
+
+class EditorFiles(NamedTuple):
+    """The client's file system for the file tools, where it offers one: Read sees unsaved buffers, Write and Edit
+    land in the editor (with its undo), after solo's own checks; other files, and binary ones, use the disk."""
+
+    session: AcpSession
+    reads: bool  # fs.readTextFile
+    writes: bool  # fs.writeTextFile
+
+    def read(self, path: Path) -> str | None:
+        """A text file's content as the editor has it; None when the client cannot say."""
+        if not self.reads or path.suffix == ".ipynb":
+            return None
+        result = self.session.run.link.request("fs/read_text_file", {"sessionId": self.session.id,
+                                                                     "path": str(Path(os.path.realpath(path)))})
+        return result.get("content") if isinstance(result, dict) and isinstance(result.get("content"), str) else None
+
+    def text(self, path: Path, raw: bytes) -> bytes:
+        """An Edit's bytes: the editor's text of a UTF-8 file (no byte-order mark), else the disk's."""
+        if sniff_encoding(raw[:SNIFF_BYTES]) == UTF8 and (text := self.read(path)) is not None:
+            return text.encode("utf-8", "surrogateescape")
+        return raw
+
+    def write(self, ctx: ToolContext, path: Path, data: bytes, file_path: str) -> bool:
+        """Write a file's new UTF-8 text through the editor (True), once solo's checks pass; False: the disk's turn."""
+        if not self.writes or path.suffix == ".ipynb" or data.startswith(codecs.BOM_UTF8):
+            return False
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        real = resolved(path, file_path)
+        if ctx.sandbox:
+            ctx.sandbox.check(real, file_path)
+            if ctx.guard:
+                ctx.guard.refuse(real, file_path)
+        try:
+            self.session.run.link.request("fs/write_text_file", {"sessionId": self.session.id, "path": str(real),
+                                                                  "content": text})
+        except AgentError as error:
+            raise ToolError(f"cannot write {file_path}: {error}") from None
+        return True
+
+
+class AcpSession:
+    """One editor thread: a conversation with its own Agent, transcript and grants. A prompt runs on the thread
+    that answers it; a cancel raises Ctrl-C's KeyboardInterrupt there, so a command is killed as in a terminal."""
+
+    def __init__(self, run: AcpRun, cfg: Config, resume: Path | None):
+        self.run, self.id, self.lock = run, cfg.session_id, threading.Lock()
+        self.thread, self.asking, self.response = None, set(), None  # the prompt's thread; our open questions
+        self.cancelled = threading.Event()
+        self.updates = AcpUpdates(self, cfg, run.streams)
+        self.agent = agent = Agent(cfg, run.env, self.updates, ask_user=self.confirm, ask_trust=self.ask_trust,
+                                   sleep=self.sleep)
+        try:
+            fs = run.client.get("fs") if isinstance(run.client.get("fs"), dict) else {}
+            files = EditorFiles(self, fs.get("readTextFile") is True, fs.get("writeTextFile") is True)
+            agent.ctx = agent.ctx._replace(confirm=self.admit, editor=files if files.reads or files.writes else None)
+            send = agent.model.session.send
+            agent.model.session.send = lambda request, **kw: setattr(self, "response", send(request, **kw)) or \
+                self.response  # the reply under way, which a cancel cuts
+            self.messages = agent.conversation(resume)
+        except BaseException:
+            agent.close()
+            raise
+
+    def update(self, update: dict) -> None:
+        """One session/update."""
+        self.updates.update(update)
+
+    def state(self) -> dict:
+        """The modes, models and config options of session/new and session/load's answers."""
+        cfg = self.agent.cfg
+        models = dict.fromkeys([cfg.model, *map(model_id, MODEL_ALIASES)])
+        names = {model_id(alias): alias for alias in MODEL_ALIASES}
+        modes = [{"id": mode, "name": name, "description": about} for mode, (name, about) in ACP_MODES.items()]
+        return {"modes": {"currentModeId": cfg.permission_mode, "availableModes": modes},
+                "models": {"currentModelId": cfg.model, "availableModels": [
+                    {"modelId": m, "name": names.get(m, m), "description": m} for m in models]},
+                "configOptions": [
+                    {"id": "mode", "name": "Mode", "category": "mode", "type": "select",
+                     "currentValue": cfg.permission_mode,
+                     "options": [{"value": m["id"], "name": m["name"], "description": m["description"]}
+                                 for m in modes]},
+                    {"id": "model", "name": "Model", "category": "model", "type": "select", "currentValue": cfg.model,
+                     "options": [{"value": m, "name": names.get(m, m), "description": m} for m in models]}]}
+
+    def announce(self) -> None:
+        """The custom commands and skills a prompt can start with, for the editor's / menu."""
+        entries = [(c.name, c.description, c.hint) for c in self.agent.commands.values()] + \
+            [(s.name, s.description, "") for s in self.agent.skills.values() if s.name not in self.agent.commands]
+        self.update({"sessionUpdate": "available_commands_update", "availableCommands": [
+            {"name": name, "description": about or name, "input": {"hint": hint or "arguments"}}
+            for name, about, hint in entries]})
+
+    def set_mode(self, mode: str) -> None:
+        """Switch the permission mode, from the next call on; the editor is told."""
+        if mode not in PERMISSION_MODES:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: no mode {mode!r}; modes: {', '.join(PERMISSION_MODES)}")
+        self.agent.cfg = self.agent.cfg._replace(permission_mode=mode)
+        self.update({"sessionUpdate": "current_mode_update", "currentModeId": mode})
+
+    def set_model(self, name: str) -> None:
+        """Switch the model (a name or alias as /model takes), from the next request on."""
+        if not name.strip():
+            raise AcpError(ACP_BAD_PARAMS, "Invalid params: the model is empty")
+        self.agent.cfg = self.agent.cfg._replace(model=model_id(name))
+        self.messages.note({"type": "model", "model": self.agent.cfg.model})
+
+    def admit(self, tool: str, args: dict, hint: str = "", call_id: str = "") -> str:
+        """The permission check of a call; a call let through is in progress from here."""
+        why = self.agent.permit(tool, args, hint, call_id)
+        if not why and call_id:
+            self.update({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "in_progress"})
+        return why
+
+    def ask(self, tool_call: dict, options: list[tuple[str, str]]) -> str:
+        """A session/request_permission: the option chosen, "cancelled", or "" when the client cannot ask."""
+        try:
+            answer = self.run.link.request("session/request_permission", {
+                "sessionId": self.id, "toolCall": tool_call,
+                "options": [{"optionId": kind, "name": name, "kind": kind} for kind, name in options]}, self.asking)
+        except AgentError as error:
+            self.updates.say(str(error))
+            return ""
+        outcome = answer.get("outcome") if isinstance(answer, dict) else None
+        if not isinstance(outcome, dict) or outcome.get("outcome") == "cancelled":
+            return "cancelled"
+        return str(outcome.get("optionId", ""))
+
+    def confirm(self, tool: str, args: dict, proposals: tuple[str, ...], call_id: str = "") -> str:
+        """Ask the editor before a call runs, as a terminal session asks: once, always (the rules `a` adds), no, or
+        never (a deny rule for the session); a cancelled question cancels the prompt."""
+        rules = ", ".join(proposals) or tool
+        options = [("allow_once", "Allow once")] + [("allow_always", f"Always allow {rules}")] * bool(proposals) + \
+            [("reject_once", "Reject"), ("reject_always", f"Always reject {rules}")]
+        cwd = self.agent.cfg.cwd
+        chosen = self.ask({"toolCallId": call_id or f"ask_{os.urandom(6).hex()}", "title": call_label(tool, args),
+                           "kind": ACP_KINDS.get(tool, "other"), "status": "pending", "rawInput": args,
+                           "content": acp_diff(cwd, tool, args), "locations": acp_location(cwd, tool, args)}, options)
+        if chosen == "cancelled":
+            self.cancel()
+        if chosen == "reject_always":
+            self.agent.rules["deny"] += [r for r in (parse_rule(t, "this session", cwd) for t in proposals or (tool,))
+                                         if isinstance(r, Rule)]
+        return ACP_CHOICES.get(chosen, "n")
+
+    def ask_trust(self, question: str) -> bool | None:
+        """The project trust question, asked through the editor; None when it cannot ask (the parts are left out)."""
+        chosen = self.ask({"toolCallId": f"trust_{os.urandom(6).hex()}", "title": "Trust this project's own parts?",
+                           "kind": "other", "status": "pending", "content": [text_content(question)]},
+                          [("allow_always", "Trust them here"), ("reject_always", "Leave them out")])
+        return None if chosen in ("", "cancelled") else chosen.startswith("allow")
+
+    def sleep(self, seconds: float) -> None:
+        """A wait between retries that a cancel cuts short."""
+        if self.cancelled.wait(seconds):
+            raise KeyboardInterrupt
+
+    def cancel(self) -> None:
+        """Stop the prompt under way as Esc does: its questions answered cancelled, its reply cut, its commands
+        killed (KeyboardInterrupt on its thread), its sub-agents stopped at their next step."""
+        with self.lock:
+            if self.thread is None or self.cancelled.is_set():
+                return
+            self.cancelled.set()
+            self.agent.turns += 1
+            for rid in list(self.asking):
+                self.run.link.settle(rid, {"result": {"outcome": {"outcome": "cancelled"}}})
+            async_raise(self.thread, KeyboardInterrupt)
+            cut_reply(self.response)
+
+    def prompt(self, blocks: list) -> dict:
+        """Answer a session/prompt: its turn's stop reason (one prompt at a time in a session)."""
+        text, images = acp_prompt(blocks)
+        with self.lock:
+            if self.thread is not None:
+                raise AcpError(ACP_INVALID, f"session {self.id} is still answering a prompt: cancel it or wait")
+            self.thread = threading.get_ident()
+            self.cancelled.clear()
+        try:
+            return {"stopReason": self.turn(text, images)}
+        finally:
+            self.settle()
+
+    def settle(self) -> None:
+        """The prompt is over: a cancel that came as it ended is taken back (it may land here, so this repeats)."""
+        while True:
+            try:
+                with self.lock:
+                    self.thread = None
+                    async_raise(threading.get_ident(), None)
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def turn(self, text: str, images: list[dict]) -> str:
+        """Run one prompt (`/name args` runs a custom command or a skill); a cancelled or failed turn leaves no
+        trace in the conversation, as in a terminal session."""
+        agent, messages = self.agent, self.messages
+        mark, compactions, model, granted = len(messages), messages.compactions, agent.cfg.model, []
+        try:
+            command = agent.commands.get(text[1:].partition(" ")[0]) if text.startswith("/") else None
+            if command:
+                granted = [rule for rule in (parse_rule(t, f"/{command.name}", agent.cfg.cwd) for t in command.allowed)
+                           if isinstance(rule, Rule)]
+                agent.rules["allow"] += granted
+                agent.cfg = agent.cfg._replace(model=command.model or model)
+                text = render_command(command, text.partition(" ")[2].strip(), agent.cfg.cwd,
+                                      functools.partial(inline_output, agent))
+            self.updates.begin(time.monotonic())
+            outcome = agent.ask(messages, attach_mentions(agent.cfg.cwd, text), images=images)
+        except BaseException as error:
+            del messages[mark if messages.compactions == compactions else messages.floor:]
+            if isinstance(error, KeyboardInterrupt) or self.cancelled.is_set():
+                return "cancelled"
+            raise AcpError(ACP_INTERNAL, exit_status(error)[1]) from None
+        finally:
+            agent.cfg = agent.cfg._replace(model=model)
+            agent.rules["allow"] = [r for r in agent.rules["allow"] if all(r is not g for g in granted)]
+        if outcome.subtype != "success":
+            return "max_turn_requests"
+        return ACP_STOPS.get(self.updates.stop_reason, "end_turn")
+
+    def replay(self) -> None:
+        """A loaded conversation as updates: the prompts, the answers, the tool calls with their results."""
+        names = {}
+        for message in self.messages:
+            role, text = message.get("role"), content_text(message)
+            if role in ("user", "assistant") and text:
+                kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
+                self.update({"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+            for call in message.get("tool_calls") or [] if role == "assistant" else []:
+                names[call["id"]] = call["function"]["name"]
+                self.updates.start_call({"id": call["id"], "name": names[call["id"]],
+                                         "arguments": call["function"]["arguments"]})
+            if role == "tool":
+                content = str(message.get("content", ""))
+                self.updates.end_call({"id": message.get("tool_call_id"), "name": names.get(message.get(
+                    "tool_call_id"), ""), "content": content, "is_error": content.startswith("Error:")})
+
+
+class AcpRun:
+    """`solo --acp`: the client's requests answered until stdin ends or a stop signal comes, then every session
+    ended with all it started. Quick methods are answered on the reader's thread; sessions start and prompts run on
+    threads of their own, so several sessions work at once."""
+
+    def __init__(self, args: argparse.Namespace, env: dict[str, str], streams: Streams):
+        self.args, self.env, self.streams, self.client = args, env, streams, {}
+        self.sessions: dict[str, AcpSession] = {}
+        self.say = Reporter(Config(api_key=env.get("OPENROUTER_API_KEY", "").strip(), cwd=Path("/")),
+                            streams._replace(stdout=streams.stderr)).say
+        self.link = AcpLink(streams.stdin, streams.stdout, self.handle, self.say, env.get("OPENROUTER_API_KEY", ""))
+        self.methods: dict[str, tuple[Callable[[dict], Any], bool]] = {  # method -> (handler, runs on a thread)
+            "initialize": (self.initialize, False), "authenticate": (self.authenticate, False),
+            "session/new": (self.new, True), "session/load": (self.load, True), "session/prompt": (self.prompt, True),
+            "session/cancel": (self.cancel, False), "session/set_mode": (self.set_mode, False),
+            "session/set_model": (self.set_model, False), "session/set_config_option": (self.set_option, False)}
+
+    def run(self) -> int:
+        """Serve until stdin ends (0) or a stop signal comes (its code); sessions, servers and commands end."""
+        self.link.start()
+        try:
+            while self.link.prompts.get() is not None:
+                pass
+            return EXIT_OK
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """End every session: prompts cancelled (their commands killed), then servers and shells ended."""
+        sessions = list(self.sessions.values())
+        for session in sessions:
+            session.cancel()
+        deadline = time.monotonic() + 5
+        while any(s.thread for s in sessions) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for session in sessions:
+            with contextlib.suppress(Exception):
+                session.agent.close("prompt_input_exit")
+
+    def handle(self, rid: Any, method: str, params: dict, asked: bool) -> None:
+        """Run a request's handler (an unknown notification is ignored; only session/cancel is one)."""
+        entry = self.methods.get(method)
+        if not asked:
+            if method == "session/cancel":
+                self.respond(None, self.cancel, params, False)
+            return
+        if entry is None:
+            return self.link.error(rid, ACP_NO_METHOD, f"Method not found: {method}")
+        if entry[1]:
+            threading.Thread(target=self.respond, args=(rid, entry[0], params, True), daemon=True).start()
+        else:
+            self.respond(rid, entry[0], params, True)
+
+    def respond(self, rid: Any, handler: Callable[[dict], Any], params: dict, asked: bool) -> None:
+        """Answer a request with its handler's result (then do what follows it) or the error it raised."""
+        try:
+            result = handler(params)
+        except AcpError as error:
+            return self.link.error(rid, error.code, str(error)) if asked else None
+        except Exception as error:
+            return self.link.error(rid, ACP_INTERNAL, exit_status(error)[1]) if asked else None
+        then = None
+        if isinstance(result, tuple):
+            result, then = result
+        if asked:
+            self.link.send({"id": rid, "result": result})
+        if then:
+            then()
+
+    def session(self, params: dict) -> AcpSession:
+        """The session a request names."""
+        sid = param(params, "sessionId", str)
+        if (session := self.sessions.get(sid)) is None:
+            raise AcpError(ACP_NOT_FOUND, f"Resource not found: no session {sid} (session/new or session/load first)")
+        return session
+
+    def initialize(self, params: dict) -> dict:
+        """The handshake: version 1 (asked for a later one, 1 still), what solo takes, how to authenticate."""
+        version = param(params, "protocolVersion", int)
+        if version < ACP_VERSION:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: protocol version {version} is not supported; solo speaks "
+                                           f"ACP version {ACP_VERSION}")
+        caps = params.get("clientCapabilities")
+        self.client = caps if isinstance(caps, dict) else {}
+        return {"protocolVersion": ACP_VERSION, "agentCapabilities": {
+                    "loadSession": True, "promptCapabilities": {"image": True, "audio": False, "embeddedContext": True},
+                    "mcpCapabilities": {"http": True, "sse": False}},
+                "agentInfo": {"name": "solo", "title": "solo", "version": VERSION},
+                "authMethods": [{"id": ACP_AUTH_METHOD, "name": "OpenRouter API key", "description":
+                                 "set OPENROUTER_API_KEY in the environment the editor starts solo with"}]}
+
+    def authenticate(self, params: dict) -> dict:
+        """Nothing to do but check: the key comes from the environment."""
+        if param(params, "methodId", str) != ACP_AUTH_METHOD:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: methodId must be {ACP_AUTH_METHOD}")
+        if not self.env.get("OPENROUTER_API_KEY", "").strip():
+            raise AcpError(ACP_AUTH, "Authentication required: set OPENROUTER_API_KEY where the editor starts solo")
+        return {}
+
+    def config(self, params: dict) -> Config:
+        """The Config of a session in the folder a request names, with the client's MCP servers as the user's own."""
+        cwd = param(params, "cwd", str)
+        if not os.path.isabs(cwd) or not os.path.isdir(cwd):
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: cwd must be an absolute path to a folder, not {cwd!r}")
+        servers = acp_servers(param(params, "mcpServers", list, []))
+        if not self.env.get("OPENROUTER_API_KEY", "").strip():
+            raise AcpError(ACP_AUTH, "Authentication required: set OPENROUTER_API_KEY where the editor starts solo")
+        try:
+            cfg = build_config(self.args, self.env, Path(cwd))
+        except UsageError as error:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: {error}") from None
+        return cfg._replace(mcp=cfg.mcp + tuple((n, s) for n, s in servers if n not in dict(cfg.mcp)))
+
+    def new(self, params: dict) -> tuple[dict, Callable[[], None]]:
+        """A new conversation in a folder: its id is solo's session id (`solo -r ID` goes on with it)."""
+        session = AcpSession(self, self.config(params), None)
+        self.sessions[session.id] = session
+        return {"sessionId": session.id, **session.state()}, session.announce
+
+    def load(self, params: dict) -> tuple[dict, Callable[[], None]]:
+        """A saved conversation again: replayed as updates, then answered; later prompts go on with it."""
+        sid, cfg = param(params, "sessionId", str), self.config(params)
+        if sid in self.sessions:
+            raise AcpError(ACP_INVALID, f"session {sid} is open already")
+        try:
+            path = Sessions(cfg).find(sid)
+        except UsageError as error:
+            raise AcpError(ACP_NOT_FOUND, f"Resource not found: {error}") from None
+        session = AcpSession(self, cfg._replace(session_id=path.stem), path)
+        session.replay()
+        self.sessions[session.id] = session
+        return session.state(), session.announce
+
+    def prompt(self, params: dict) -> dict:
+        """Run a prompt on a session."""
+        return self.session(params).prompt(param(params, "prompt", list))
+
+    def cancel(self, params: dict) -> None:
+        """Stop a session's prompt (a notification)."""
+        self.session(params).cancel()
+
+    def set_mode(self, params: dict) -> dict:
+        """Switch a session's permission mode."""
+        self.session(params).set_mode(param(params, "modeId", str))
+        return {}
+
+    def set_model(self, params: dict) -> dict:
+        """Switch a session's model (the clients that use session/set_model)."""
+        self.session(params).set_model(param(params, "modelId", str))
+        return {}
+
+    def set_option(self, params: dict) -> dict:
+        """Set a session's config option, mode or model; the answer holds them all."""
+        session, option = self.session(params), param(params, "configId", str)
+        if option not in ("mode", "model"):
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: no config option {option!r}; options: mode, model")
+        (session.set_mode if option == "mode" else session.set_model)(param(params, "value", str))
+        return {"configOptions": session.state()["configOptions"]}
+
+
 # --- Main -----------------------------------------------------------------------------------------
 
 
@@ -8387,6 +9051,8 @@ def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, st
         if args.version:
             print(f"solo {VERSION}", file=streams.stdout)
             return EXIT_OK
+        if args.acp:
+            return AcpRun(args, env, streams).run()
         try:
             cwd = Path.cwd()
         except OSError:
