@@ -7431,11 +7431,12 @@ DIFF_LINES = 40  # lines of a file change shown before the user allows it
 MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
 
 
-def file_change(cwd: Path, tool: str, args: dict) -> tuple[str, bool, str, str]:
-    """A Write's or Edit's file as the call names it, whether it exists, and its text before and after the call."""
+def file_change(cwd: Path, tool: str, args: dict, text: str | None = None) -> tuple[str, bool, str, str]:
+    """A Write's or Edit's file as the call names it, whether it exists, and its text before and after the call
+    (`text`: the file's as an editor has it; None: the disk's)."""
     path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
     _, exists, data = file_before(cwd, args)
-    text = data.decode(errors="replace") if data is not None else None
+    text = text if text is not None else data.decode(errors="replace") if data is not None else None
     if tool == "Write":
         old, new = text or "", str(args.get("content", ""))
     elif text is not None and old and old in text:
@@ -8147,7 +8148,7 @@ class LineLink:
                     try:
                         message = json.loads(text)
                     except (ValueError, RecursionError):
-                        message = None
+                        message = ...  # not JSON at all
                     if not isinstance(message, dict):
                         self.garbage(text, message)
                     else:
@@ -8488,12 +8489,11 @@ def acp_location(cwd: Path, name: str, args: dict) -> list[dict]:
     return [{"path": str(Path(cwd, os.path.expanduser(where))), **({"line": line} if line else {})}]
 
 
-def acp_diff(cwd: Path, name: str, args: dict, change: tuple | None = None) -> list[dict]:
-    """A Write's or Edit's diff block for the editor: the change its input asks for (`change`: as file_change saw it
-    when the call started)."""
-    if name not in ("Write", "Edit"):
+def acp_diff(cwd: Path, change: tuple | None) -> list[dict]:
+    """A Write's or Edit's diff block for the editor, from file_change's view of it (None: no diff)."""
+    if not change:
         return []
-    path, exists, old, new = change or file_change(cwd, name, args)
+    path, exists, old, new = change
     return [{"type": "diff", "path": str(Path(cwd, os.path.expanduser(path))), "oldText": old if exists else None,
              "newText": new}]
 
@@ -8522,8 +8522,8 @@ class AcpLink(LineLink):
     def garbage(self, line: str, message: Any) -> None:
         """A line that is not JSON is a parse error; JSON that is not an object (a batch) an invalid request."""
         if line.strip():
-            self.error(None, ACP_PARSE if message is None and not line.strip().startswith("[") else ACP_INVALID,
-                       "Parse error" if message is None else "Invalid Request: a message is one JSON object")
+            self.error(None, ACP_PARSE if message is ... else ACP_INVALID,
+                       "Parse error" if message is ... else "Invalid Request: a message is one JSON object")
 
     def route(self, message: dict) -> None:
         """One message from the client: a request, a notification, or an answer to one of ours."""
@@ -8611,7 +8611,7 @@ class AcpUpdates(Reporter):
         except ValueError:
             args = {}
         name, cwd = event["name"], self.session.agent.cfg.cwd
-        self.calls[event["id"]] = (name, args, file_change(cwd, name, args) if name in ("Write", "Edit") else None)
+        self.calls[event["id"]] = (name, args, self.session.change(name, args))  # for the diff at its end
         meta = {"_meta": {"parentToolCallId": event["parent"]}} if event.get("parent") else {}
         self.update({"sessionUpdate": "tool_call", "toolCallId": event["id"], "title": call_label(name, args),
                      "kind": ACP_KINDS.get(name, "other"), "status": "pending",
@@ -8622,7 +8622,7 @@ class AcpUpdates(Reporter):
         name, args, change = self.calls.pop(event["id"], (event["name"], {}, None))
         content = [text_content(str(event["content"]))]
         if change and not event["is_error"]:
-            content += acp_diff(self.session.agent.cfg.cwd, name, args, change)
+            content += acp_diff(self.session.agent.cfg.cwd, change)
         self.update({"sessionUpdate": "tool_call_update", "toolCallId": event["id"],
                      "status": "failed" if event["is_error"] else "completed", "content": content,
                      "rawOutput": str(event["content"])})
@@ -8737,6 +8737,16 @@ class AcpSession:
         self.agent.cfg = self.agent.cfg._replace(model=model_id(name))
         self.messages.note({"type": "model", "model": self.agent.cfg.model})
 
+    def change(self, tool: str, args: dict) -> tuple | None:
+        """What a Write or Edit will change (file_change), from the editor's text of the file when it offers it."""
+        if tool not in ("Write", "Edit"):
+            return None
+        editor, path = self.agent.ctx.editor, Path(self.agent.cfg.cwd, os.path.expanduser(str(args.get("file_path"))))
+        text = None
+        with contextlib.suppress(AgentError, OSError):
+            text = editor.read(path) if editor and path.is_file() else None
+        return file_change(self.agent.cfg.cwd, tool, args, text)
+
     def admit(self, tool: str, args: dict, hint: str = "", call_id: str = "") -> str:
         """The permission check of a call; a call let through is in progress from here."""
         why = self.agent.permit(tool, args, hint, call_id)
@@ -8767,7 +8777,7 @@ class AcpSession:
         cwd = self.agent.cfg.cwd
         chosen = self.ask({"toolCallId": call_id or f"ask_{os.urandom(6).hex()}", "title": call_label(tool, args),
                            "kind": ACP_KINDS.get(tool, "other"), "status": "pending", "rawInput": args,
-                           "content": acp_diff(cwd, tool, args), "locations": acp_location(cwd, tool, args)}, options)
+                           "content": acp_diff(cwd, self.change(tool, args)), "locations": acp_location(cwd, tool, args)}, options)
         if chosen == "cancelled":
             self.cancel()
         if chosen == "reject_always":
