@@ -8425,9 +8425,11 @@ def async_raise(thread: int, error: type[BaseException] | None) -> None:
 
 
 def cut_reply(response: Any) -> None:
-    """Shut the socket a streamed reply arrives on, so a read waiting on it returns at once."""
+    """Shut the socket a streamed reply still arrives on, so a read waiting on it returns at once (a reply read
+    whole has given its connection back for the next request: that one is left alone)."""
     with contextlib.suppress(Exception):
-        response.raw._connection.sock.shutdown(socket.SHUT_RDWR)
+        if not response._content_consumed:
+            response.raw._connection.sock.shutdown(socket.SHUT_RDWR)
 
 
 def param(params: dict, name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
@@ -8854,13 +8856,24 @@ class AcpSession:
             del messages[mark if messages.compactions == compactions else messages.floor:]
             if isinstance(error, KeyboardInterrupt) or self.cancelled.is_set():
                 return "cancelled"
+            if isinstance(error, PromptBlocked) or self.updates.stop_reason == "content_filter":
+                self.updates.say(str(error))
+                return "refusal"  # the prompt is dropped, as the protocol says of a refusal
             raise AcpError(ACP_INTERNAL, exit_status(error)[1]) from None
         finally:
             agent.cfg = agent.cfg._replace(model=model)
             agent.rules["allow"] = [r for r in agent.rules["allow"] if all(r is not g for g in granted)]
+        self.refresh()
         if outcome.subtype != "success":
             return "max_turn_requests"
         return ACP_STOPS.get(self.updates.stop_reason, "end_turn")
+
+    def refresh(self) -> None:
+        """Custom commands added, changed or removed since the last look: the editor's / menu is told."""
+        cfg = self.agent.cfg
+        if (found := discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))) != self.agent.commands:
+            self.agent.commands = found
+            self.announce()
 
     def replay(self) -> None:
         """A loaded conversation as updates: the prompts, the answers, the tool calls with their results."""

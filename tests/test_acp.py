@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from acp import PROTOCOL_VERSION, spawn_agent_process, text_block
+from acp import (PROTOCOL_VERSION, embedded_text_resource, image_block, resource_block, resource_link_block,
+                 spawn_agent_process, text_block)
 from acp.schema import (AllowedOutcome, ClientCapabilities, DeniedOutcome, FileSystemCapabilities,
                         ReadTextFileResponse, RequestPermissionResponse)
 
 from tests.conftest import PROGRAM
-from tests.fake_openrouter import Stream, call, last_result, reply, streamed, tool_then
+from tests.fake_openrouter import Raw, Stream, call, last_result, reply, streamed, tool_then
 
 
 class Editor:
@@ -311,6 +312,99 @@ def test_project_trust_is_asked_through_the_editor(serve, workspace):
     drive(server, workspace, script, editor=editor)
     assert "calc" in editor.questions[0]["toolCall"]["content"][0]["content"]["text"]
     assert [o["kind"] for o in editor.questions[0]["options"]] == ["allow_always", "reject_always"]
+
+
+@pytest.mark.parametrize("args, answer, stop", [
+    (("--max-turns", "1"), reply(tool_calls=[call("Read", {"file_path": "a.txt"})]), "max_turn_requests"),
+    ((), reply("cut", finish_reason="length"), "max_tokens"),
+    ((), reply("", finish_reason="content_filter"), "refusal"),
+])
+def test_stop_reasons(serve, workspace, args, answer, stop):
+    (workspace / "a.txt").write_text("a\n")
+    server = serve(lambda body: answer)
+
+    async def script(conn, editor, process):
+        session = await conn.new_session(cwd=str(workspace), mcp_servers=[])
+        return await prompt(conn, session.session_id, "go")
+    assert drive(server, workspace, script, args=args).stop_reason == stop
+
+
+def test_a_sub_agents_calls_come_under_its_agent_call(serve, workspace):
+    (workspace / "a.txt").write_text("inside\n")
+
+    def model(body):
+        messages, last = body["messages"], body["messages"][-1]
+        if any(m["role"] == "user" and m["content"] == "look around" for m in messages):  # the sub-agent's
+            return reply(tool_calls=[call("Read", {"file_path": "a.txt"}, id="s1")]) if last["role"] == "user" \
+                else reply("found it")
+        return reply(tool_calls=[call("Agent", {"description": "look", "prompt": "look around",
+                                                "subagent_type": "general-purpose"}, id="a1")]) \
+            if last["role"] == "user" else reply("done")
+    server = serve(model)
+
+    async def script(conn, editor, process):
+        session = await conn.new_session(cwd=str(workspace), mcp_servers=[])
+        return await prompt(conn, session.session_id, "delegate")
+    editor = Editor()
+    assert drive(server, workspace, script, editor=editor, args=("--yes",)).stop_reason == "end_turn"
+    calls = {u["toolCallId"]: u for u in editor.kinds("tool_call")}
+    assert calls["a1"]["kind"] == "think" and "_meta" not in calls["a1"]
+    assert calls["s1"]["_meta"] == {"parentToolCallId": "a1"} and calls["s1"]["kind"] == "read"
+    ends = [(u["toolCallId"], u["status"]) for u in editor.kinds("tool_call_update") if u["status"] != "in_progress"]
+    assert ends == [("s1", "completed"), ("a1", "completed")]
+
+
+def test_prompt_blocks_become_text_mentions_context_and_images(serve, workspace):
+    (workspace / "linked.py").write_text("print('linked')\n")
+    server = serve(lambda body: reply("seen"))
+
+    async def script(conn, editor, process):
+        session = await conn.new_session(cwd=str(workspace), mcp_servers=[])
+        return await conn.prompt(session_id=session.session_id, prompt=[
+            text_block("look at"), resource_link_block(name="linked.py", uri=f"file://{workspace}/linked.py"),
+            resource_block(embedded_text_resource("file:///elsewhere/notes.md", "an embedded note")),
+            image_block("aGVsbG8=", "image/png")])
+    assert drive(server, workspace, script).stop_reason == "end_turn"
+    sent = server.bodies[0]["messages"][-1]["content"]
+    text = sent[0]["text"]
+    assert "look at" in text and "print('linked')" in text and "an embedded note" in text
+    assert sent[1] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}
+
+
+def test_a_failed_turn_is_an_error_and_the_session_goes_on(serve, workspace):
+    answers = iter([Raw(400, {"error": {"message": "bad thing", "code": 400}}), reply("fine")])
+    server = serve(lambda body: next(answers))
+
+    async def script(conn, editor, process):
+        session = await conn.new_session(cwd=str(workspace), mcp_servers=[])
+        with pytest.raises(Exception) as failed:
+            await prompt(conn, session.session_id, "first")
+        return failed.value, await prompt(conn, session.session_id, "second")
+    failed, after = drive(server, workspace, script)
+    assert "bad thing" in str(failed) and after.stop_reason == "end_turn"
+    assert "first" not in json.dumps(server.bodies[-1]["messages"])
+
+
+def test_end_of_stdin_ends_every_session_and_what_it_started(serve, workspace):
+    marker = f"acp-eof-{os.getpid()}-{time.monotonic_ns()}"
+    server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": f"sleep 30 # {marker}"}, id="c1")]))
+    proc = subprocess.Popen([str(PROGRAM), "--acp", "--yes"], cwd=workspace, env=solo_env(server, workspace),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def send(i, method, params):
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}) + "\n")
+        proc.stdin.flush()
+    send(1, "initialize", {"protocolVersion": 1})
+    send(2, "session/new", {"cwd": str(workspace), "mcpServers": []})
+    while "sessionId" not in (line := proc.stdout.readline()):
+        assert line
+    send(3, "session/prompt", {"sessionId": json.loads(line)["result"]["sessionId"],
+                               "prompt": [{"type": "text", "text": "wait"}]})
+    while '"in_progress"' not in (line := proc.stdout.readline()):
+        assert line
+    proc.stdin.close()
+    assert proc.wait(10) == 0
+    assert marker not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 # --- Raw JSON-RPC lines ---------------------------------------------------------------------------
