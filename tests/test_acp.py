@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,10 +16,12 @@ from pathlib import Path
 import pytest
 from acp import (PROTOCOL_VERSION, embedded_text_resource, image_block, resource_block, resource_link_block,
                  spawn_agent_process, text_block)
-from acp.schema import (AllowedOutcome, ClientCapabilities, DeniedOutcome, FileSystemCapabilities,
+from acp.schema import (AllowedOutcome, ClientCapabilities, DeniedOutcome, FileSystemCapabilities, McpServerStdio,
                         ReadTextFileResponse, RequestPermissionResponse)
 
 from tests.conftest import PROGRAM
+
+MCP_SERVER = Path(__file__).resolve().with_name("mcp_server.py")
 from tests.fake_openrouter import Raw, Stream, call, last_result, reply, streamed, tool_then
 
 
@@ -405,6 +408,33 @@ def test_end_of_stdin_ends_every_session_and_what_it_started(serve, workspace):
     proc.stdin.close()
     assert proc.wait(10) == 0
     assert marker not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_the_clients_mcp_servers_start_as_the_users_own(serve, workspace):
+    server = serve(tool_then([call("mcp__calc__peek", {"text": "hi"}, id="m1")], last_result))
+    stdio = McpServerStdio(name="calc", command=sys.executable, args=[str(MCP_SERVER), "--only", "peek"], env=[])
+
+    async def script(conn, editor, process):
+        session = await conn.new_session(cwd=str(workspace), mcp_servers=[stdio])
+        return await prompt(conn, session.session_id, "peek")
+    editor = Editor()
+    assert drive(server, workspace, script, editor=editor).stop_reason == "end_turn"
+    assert editor.kinds("tool_call")[0]["title"].startswith("mcp__calc__peek")
+    assert "".join(u["content"]["text"] for u in editor.kinds("agent_message_chunk")) == "peek: hi"
+
+
+def test_reasoning_streams_as_thoughts_and_a_cancelled_question_cancels(serve, workspace):
+    server = serve(lambda body: streamed(reply("answer", reasoning="thinking it over"))
+                   if "think" in json.dumps(body["messages"][-1])
+                   else reply(tool_calls=[call("Write", {"file_path": "f", "content": "x"}, id="w1")]))
+    editor = Editor(answers=["cancelled"])
+
+    async def script(conn, editor, process):
+        session = await conn.new_session(cwd=str(workspace), mcp_servers=[])
+        return [(await prompt(conn, session.session_id, text)).stop_reason for text in ("write", "think")]
+    assert drive(server, workspace, script, editor=editor) == ["cancelled", "end_turn"]
+    assert not (workspace / "f").exists()
+    assert "".join(u["content"]["text"] for u in editor.kinds("agent_thought_chunk")) == "thinking it over"
 
 
 # --- Raw JSON-RPC lines ---------------------------------------------------------------------------
