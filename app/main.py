@@ -8728,7 +8728,8 @@ class AcpSession:
     def set_mode(self, mode: str) -> None:
         """Switch the permission mode, from the next call on; the editor is told."""
         if mode not in PERMISSION_MODES:
-            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: no mode {mode!r}; modes: {', '.join(PERMISSION_MODES)}")
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: modeId {mode!r} is not a mode; modes: "
+                                           f"{', '.join(PERMISSION_MODES)}")
         self.agent.cfg = self.agent.cfg._replace(permission_mode=mode)
         self.update({"sessionUpdate": "current_mode_update", "currentModeId": mode})
 

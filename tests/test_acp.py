@@ -388,26 +388,75 @@ def test_a_failed_turn_is_an_error_and_the_session_goes_on(serve, workspace):
     assert "first" not in json.dumps(server.bodies[-1]["messages"])
 
 
+class Lines:
+    """solo --acp spoken to line by line: requests written, answers read (updates in between kept)."""
+
+    def __init__(self, server, workspace, *args):
+        self.proc = subprocess.Popen([str(PROGRAM), "--acp", *args], cwd=workspace, env=solo_env(server, workspace),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        self.ids, self.seen = 0, []
+
+    def send(self, method, params):
+        """A request; its id."""
+        self.ids += 1
+        self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}) + "\n")
+        self.proc.stdin.flush()
+        return self.ids
+
+    def until(self, wanted):
+        """Read lines up to the first that `wanted` accepts."""
+        while line := self.proc.stdout.readline():
+            self.seen.append(message := json.loads(line))
+            if wanted(message):
+                return message
+        raise AssertionError("solo ended first")
+
+    def call(self, method, **params):
+        """A request and its answer."""
+        rid = self.send(method, params)
+        return self.until(lambda m: m.get("id") == rid and "method" not in m)
+
+
 def test_end_of_stdin_ends_every_session_and_what_it_started(serve, workspace):
     marker = f"acp-eof-{os.getpid()}-{time.monotonic_ns()}"
     server = serve(lambda body: reply(tool_calls=[call("Bash", {"command": f"sleep 30 # {marker}"}, id="c1")]))
-    proc = subprocess.Popen([str(PROGRAM), "--acp", "--yes"], cwd=workspace, env=solo_env(server, workspace),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-    def send(i, method, params):
-        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}) + "\n")
-        proc.stdin.flush()
-    send(1, "initialize", {"protocolVersion": 1})
-    send(2, "session/new", {"cwd": str(workspace), "mcpServers": []})
-    while "sessionId" not in (line := proc.stdout.readline()):
-        assert line
-    send(3, "session/prompt", {"sessionId": json.loads(line)["result"]["sessionId"],
-                               "prompt": [{"type": "text", "text": "wait"}]})
-    while '"in_progress"' not in (line := proc.stdout.readline()):
-        assert line
-    proc.stdin.close()
-    assert proc.wait(10) == 0
+    solo = Lines(server, workspace, "--yes")
+    solo.call("initialize", protocolVersion=1)
+    sid = solo.call("session/new", cwd=str(workspace), mcpServers=[])["result"]["sessionId"]
+    solo.send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "wait"}]})
+    solo.until(lambda m: m.get("params", {}).get("update", {}).get("status") == "in_progress")
+    solo.proc.stdin.close()
+    assert solo.proc.wait(10) == 0
     assert marker not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_bad_params_on_a_session_name_the_field(serve, workspace):
+    server = serve(lambda body: reply("ok"), accept="anthropic/claude-")
+    solo = Lines(server, workspace)
+    solo.call("initialize", protocolVersion=1)
+    sid = solo.call("session/new", cwd=str(workspace), mcpServers=[])["result"]["sessionId"]
+    assert solo.call("session/set_model", sessionId=sid, modelId="opus")["result"] == {}
+    options = solo.call("session/set_config_option", sessionId=sid, configId="mode", value="plan")["result"]
+    assert [o["currentValue"] for o in options["configOptions"]] == ["plan", "anthropic/claude-opus-4.5"]
+    errors = [solo.call(method, **params)["error"] for method, params in [
+        ("session/set_mode", {"sessionId": sid, "modeId": "loud"}),
+        ("session/set_mode", {"sessionId": sid}),
+        ("session/set_config_option", {"sessionId": sid, "configId": "colour", "value": "red"}),
+        ("session/prompt", {"sessionId": sid, "prompt": [{"type": "audio", "data": "", "mimeType": "audio/wav"}]}),
+        ("session/prompt", {"sessionId": sid, "prompt": "text"}),
+        ("session/new", {"cwd": str(workspace), "mcpServers": [{"url": "x"}]}),
+        ("session/load", {"sessionId": "0000", "cwd": str(workspace), "mcpServers": []}),
+        ("session/cancel", {"sessionId": "nope"})]]
+    assert [e["code"] for e in errors] == [-32602] * 6 + [-32002] * 2
+    for error, field in zip(errors, ["modeId", "modeId", "colour", "prompt[0]", "prompt", "mcpServers[0]", "0000",
+                                     "nope"]):
+        assert field in error["message"]
+    assert solo.call("session/prompt", sessionId=sid, prompt=[{"type": "text", "text": "hi"}])["result"] == {
+        "stopReason": "end_turn"}
+    assert server.bodies[-1]["model"] == "anthropic/claude-opus-4.5"
+    solo.proc.stdin.close()
+    assert solo.proc.wait(10) == 0
 
 
 def test_the_clients_mcp_servers_start_as_the_users_own(serve, workspace):
