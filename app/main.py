@@ -8461,24 +8461,25 @@ def acp_servers(servers: list) -> tuple[tuple[str, dict], ...]:
 
 def acp_prompt(blocks: list) -> tuple[str, list[dict]]:
     """A prompt's text and images from ACP content blocks: files linked become @mentions, embedded resources
-    context."""
+    context (an embedded image an image)."""
+    from urllib.parse import unquote
     texts, images = [], []
     for i, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
-        resource = block.get("resource") if kind == "resource" and isinstance(block.get("resource"), dict) else {}
+        source = (block.get("resource") if kind == "resource" else block) if kind else {}
+        source = source if isinstance(source, dict) else {}
+        data, mime = source.get("blob" if kind == "resource" else "data"), str(source.get("mimeType") or "image/png")
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
-        elif kind == "resource_link" and isinstance(block.get("uri"), str):
-            uri = block["uri"]
-            texts.append(f"@{uri[7:]}" if uri.startswith("file://") else f"[{block.get('name') or uri}]({uri})")
-        elif kind == "resource" and isinstance(resource.get("text"), str):
-            texts.append(f'<context ref="{resource.get("uri", "")}">\n{resource["text"]}\n</context>')
-        elif kind == "image" and isinstance(block.get("data"), str):
-            url = f"data:{block.get('mimeType') or 'image/png'};base64,{block['data']}"
-            images.append({"type": "image_url", "image_url": {"url": url}})
+        elif kind == "resource_link" and isinstance(uri := block.get("uri"), str):
+            texts.append(f"@{unquote(uri[7:])}" if uri.startswith("file://") else f"[{block.get('name') or uri}]({uri})")
+        elif kind == "resource" and isinstance(source.get("text"), str):
+            texts.append(f'<context ref="{source.get("uri", "")}">\n{source["text"]}\n</context>')
+        elif kind in ("image", "resource") and isinstance(data, str) and mime.startswith("image/"):
+            images.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
         else:
             raise AcpError(ACP_BAD_PARAMS, f"Invalid params: prompt[{i}] is not a content block solo takes "
-                                           "(text, resource_link, resource with text, image)")
+                                           "(text, resource_link, resource with text or an image, image)")
     return "\n\n".join(texts), images
 
 
