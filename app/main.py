@@ -8530,7 +8530,8 @@ class AcpLink(LineLink):
 
     def route(self, message: dict) -> None:
         """One message from the client: a request, a notification, or an answer to one of ours."""
-        rid, method, params = message.get("id"), message.get("method"), message.get("params", {})
+        rid, method, params = message.get("id"), message.get("method"), message.get("params")
+        params = {} if params is None else params
         if message.get("jsonrpc") != "2.0" or not isinstance(rid, (str, int, type(None))) or isinstance(rid, bool):
             return self.error(rid if isinstance(rid, (str, int)) else None, ACP_INVALID,
                               'Invalid Request: jsonrpc must be "2.0" and an id a string or number')
@@ -8562,8 +8563,9 @@ class AcpLink(LineLink):
         finally:
             if asking is not None:
                 asking.discard(rid)
-        if not isinstance(reply, dict) or isinstance(reply.get("error"), dict) or "result" not in reply:
-            why = (reply or {}).get("error", {}).get("message") if isinstance(reply, dict) else "stdin is closed"
+        if not isinstance(reply, dict) or "result" not in reply:
+            error = reply.get("error") if isinstance(reply, dict) else None
+            why = error.get("message") if isinstance(error, dict) else error or "stdin is closed"
             raise AgentError(f"the client did not answer {method}: {one_line(str(why), 200)}")
         return reply["result"]
 
@@ -8689,13 +8691,16 @@ class AcpSession:
             fs = run.client.get("fs") if isinstance(run.client.get("fs"), dict) else {}
             files = EditorFiles(self, fs.get("readTextFile") is True, fs.get("writeTextFile") is True)
             agent.ctx = agent.ctx._replace(confirm=self.admit, editor=files if files.reads or files.writes else None)
-            send = agent.model.session.send
-            agent.model.session.send = lambda request, **kw: setattr(self, "response", send(request, **kw)) or \
-                self.response  # the reply under way, which a cancel cuts
+            agent.model.session.send = functools.partial(self.sending, agent.model.session.send)
             self.messages = agent.conversation(resume)
         except BaseException:
             agent.close()
             raise
+
+    def sending(self, send: Callable[..., Any], request: Any, **kwargs: Any) -> Any:
+        """The model client's HTTP exchange, its reply kept while it arrives: a cancel cuts it."""
+        self.response = send(request, **kwargs)
+        return self.response
 
     def update(self, update: dict) -> None:
         """One session/update."""
@@ -8733,6 +8738,7 @@ class AcpSession:
                                            f"{', '.join(PERMISSION_MODES)}")
         self.agent.cfg = self.agent.cfg._replace(permission_mode=mode)
         self.update({"sessionUpdate": "current_mode_update", "currentModeId": mode})
+        self.update({"sessionUpdate": "config_option_update", "configOptions": self.state()["configOptions"]})
 
     def set_model(self, name: str) -> None:
         """Switch the model (a name or alias as /model takes), from the next request on."""
@@ -8740,6 +8746,7 @@ class AcpSession:
             raise AcpError(ACP_BAD_PARAMS, "Invalid params: the model is empty")
         self.agent.cfg = self.agent.cfg._replace(model=model_id(name))
         self.messages.note({"type": "model", "model": self.agent.cfg.model})
+        self.update({"sessionUpdate": "config_option_update", "configOptions": self.state()["configOptions"]})
 
     def change(self, tool: str, args: dict) -> tuple | None:
         """What a Write or Edit will change (file_change), from the editor's text of the file when it offers it."""

@@ -253,6 +253,8 @@ def test_plan_modes_models_and_commands(serve, workspace):
     assert editor.kinds("current_mode_update") == [{"sessionUpdate": "current_mode_update",
                                                     "currentModeId": "acceptEdits"}]
     model = next(o for o in options.config_options if o.id == "model")
+    told = editor.kinds("config_option_update")[-1]["configOptions"]
+    assert [o["currentValue"] for o in told] == ["acceptEdits", "anthropic/claude-sonnet-4.5"]
     assert model.current_value == "anthropic/claude-sonnet-4.5" == server.bodies[0]["model"]
     assert "Greet the world" in json.dumps(server.bodies[0]["messages"][-1])
     assert editor.kinds("plan") == [{"sessionUpdate": "plan", "entries": [
