@@ -8816,7 +8816,8 @@ class AcpSession:
                 return
             self.cancelled.set()
             self.agent.turns += 1
-            for rid in list(self.asking):
+            for rid in list(self.asking):  # the client is told to drop the question too
+                self.run.link.notify("$/cancel_request", {"requestId": rid})
                 self.run.link.settle(rid, {"result": {"outcome": {"outcome": "cancelled"}}})
             async_raise(self.thread, KeyboardInterrupt)
             cut_reply(self.response)
@@ -8910,6 +8911,7 @@ class AcpRun:
     def __init__(self, args: argparse.Namespace, env: dict[str, str], streams: Streams):
         self.args, self.env, self.streams, self.client = args, env, streams, {}
         self.sessions: dict[str, AcpSession] = {}
+        self.prompts: dict[Any, Any] = {}  # a session/prompt under way: its request id -> its session id
         self.say = Reporter(Config(api_key=env.get("OPENROUTER_API_KEY", "").strip(), cwd=Path("/")),
                             streams._replace(stdout=streams.stderr)).say
         self.link = AcpLink(streams.stdin, streams.stdout, self.handle, self.say, env.get("OPENROUTER_API_KEY", ""))
@@ -8945,11 +8947,15 @@ class AcpRun:
         """Run a request's handler (an unknown notification is ignored; only session/cancel is one)."""
         entry = self.methods.get(method)
         if not asked:
-            if method == "session/cancel":
+            if method == "$/cancel_request" and (sid := self.prompts.get(params.get("requestId"))):
+                params = {"sessionId": sid}  # a prompt request cancelled: its session's prompt is
+            if method in ("session/cancel", "$/cancel_request"):
                 self.respond(None, self.cancel, params, False)
             return
         if entry is None:
             return self.link.error(rid, ACP_NO_METHOD, f"Method not found: {method}")
+        if method == "session/prompt":
+            self.prompts[rid] = params.get("sessionId")
         if entry[1]:
             threading.Thread(target=self.respond, args=(rid, entry[0], params, True), daemon=True).start()
         else:
@@ -8963,6 +8969,9 @@ class AcpRun:
             return self.link.error(rid, error.code, str(error)) if asked else None
         except Exception as error:
             return self.link.error(rid, ACP_INTERNAL, exit_status(error)[1]) if asked else None
+        finally:
+            if handler == self.prompt:
+                self.prompts.pop(rid, None)
         then = None
         if isinstance(result, tuple):
             result, then = result

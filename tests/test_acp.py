@@ -433,6 +433,26 @@ def test_end_of_stdin_ends_every_session_and_what_it_started(serve, workspace):
     assert marker not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
+def test_a_cancel_request_for_a_prompt_cancels_it(serve, workspace):
+    held = threading.Event()
+    server = serve(lambda body: Stream([{"choices": [{"index": 0, "delta": {"content": "partial "}}]},
+                                        lambda: held.wait(30)]))
+    solo = Lines(server, workspace)
+    solo.call("initialize", protocolVersion=1)
+    sid = solo.call("session/new", cwd=str(workspace), mcpServers=[])["result"]["sessionId"]
+    rid = solo.send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]})
+    solo.until(lambda m: m.get("params", {}).get("update", {}).get("sessionUpdate") == "agent_message_chunk")
+    solo.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": rid}})
+                          + "\n")
+    solo.proc.stdin.flush()
+    try:
+        assert solo.until(lambda m: m.get("id") == rid)["result"] == {"stopReason": "cancelled"}
+    finally:
+        held.set()
+    solo.proc.stdin.close()
+    assert solo.proc.wait(10) == 0
+
+
 def test_bad_params_on_a_session_name_the_field(serve, workspace):
     server = serve(lambda body: reply("ok"), accept="anthropic/claude-")
     solo = Lines(server, workspace)
