@@ -235,6 +235,9 @@ def test_cancel_mid_stream_and_mid_question(serve, workspace):
 def test_plan_modes_models_and_commands(serve, workspace):
     (workspace / ".claude" / "commands").mkdir(parents=True)
     (workspace / ".claude" / "commands" / "greet.md").write_text("---\ndescription: Say hello\n---\nGreet $ARGUMENTS")
+    (workspace / ".claude" / "skills" / "tidy").mkdir(parents=True)
+    (workspace / ".claude" / "skills" / "tidy" / "SKILL.md").write_text(
+        "---\nname: tidy\ndescription: Tidy the code\n---\nTidy it.")
     todos = [{"content": "look", "status": "in_progress", "activeForm": "Looking"}]
     server = serve(tool_then([call("TodoWrite", {"todos": todos}, id="t1")], "planned"), accept="anthropic/claude-")
 
@@ -250,6 +253,7 @@ def test_plan_modes_models_and_commands(serve, workspace):
     assert answer.stop_reason == "end_turn"
     commands = editor.kinds("available_commands_update")[0]["availableCommands"]
     assert {"name": "greet", "description": "Say hello", "input": {"hint": "arguments"}} in commands
+    assert {"name": "tidy", "description": "Tidy the code", "input": {"hint": "arguments"}} in commands
     assert editor.kinds("current_mode_update") == [{"sessionUpdate": "current_mode_update",
                                                     "currentModeId": "acceptEdits"}]
     model = next(o for o in options.config_options if o.id == "model")
