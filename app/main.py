@@ -8642,11 +8642,15 @@ class EditorFiles(NamedTuple):
     writes: bool  # fs.writeTextFile
 
     def read(self, path: Path) -> str | None:
-        """A text file's content as the editor has it; None when the client cannot say."""
+        """A text file's content as the editor has it; None when the client cannot say (the disk's turn)."""
         if not self.reads or path.suffix == ".ipynb":
             return None
-        result = self.session.run.link.request("fs/read_text_file", {"sessionId": self.session.id,
-                                                                     "path": str(Path(os.path.realpath(path)))})
+        try:
+            result = self.session.run.link.request("fs/read_text_file", {"sessionId": self.session.id,
+                                                                         "path": str(Path(os.path.realpath(path)))})
+        except AgentError as error:
+            self.session.updates.say(f"read {path} from the disk: {error}")
+            return None
         return result.get("content") if isinstance(result, dict) and isinstance(result.get("content"), str) else None
 
     def text(self, path: Path, raw: bytes) -> bytes:

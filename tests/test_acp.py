@@ -151,6 +151,17 @@ def test_edits_go_through_the_editors_buffers_with_a_diff(serve, workspace):
     assert editor.questions[0]["toolCall"]["content"][0]["type"] == "diff"
 
 
+def test_a_file_the_editor_cannot_read_is_read_from_the_disk(serve, workspace):
+    (workspace / "plain.txt").write_text("from the disk\n")
+    server = serve(tool_then([call("Read", {"file_path": "plain.txt"}, id="r1")], last_result))
+
+    async def script(conn, editor, process):
+        session = await conn.new_session(cwd=str(workspace), mcp_servers=[])
+        return await prompt(conn, session.session_id, "read")
+    assert drive(server, workspace, script, fs=True).stop_reason == "end_turn"  # its buffers hold no such file
+    assert "from the disk" in server.bodies[-1]["messages"][-1]["content"]
+
+
 def test_each_permission_answer_does_what_it_says(serve, workspace):
     commands = ["touch once", "touch never", "mkdir always", "mkdir also", "touch never"]
 
