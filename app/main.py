@@ -8681,25 +8681,56 @@ class EditorFiles(NamedTuple):
 
 
 class AcpSession:
-    """One editor thread: a conversation with its own Agent, transcript and grants. A prompt runs on the thread
-    that answers it; a cancel raises Ctrl-C's KeyboardInterrupt there, so a command is killed as in a terminal."""
+    """One editor thread: a conversation with its own Agent, transcript and grants. The Agent starts once the editor
+    knows the session (so the trust question can name it); a prompt runs on the thread that answers it, and a
+    cancel raises Ctrl-C's KeyboardInterrupt there, so a command is killed as in a terminal."""
 
-    def __init__(self, run: AcpRun, cfg: Config, resume: Path | None):
-        self.run, self.id, self.lock = run, cfg.session_id, threading.Lock()
+    def __init__(self, run: AcpRun, cfg: Config):
+        self.run, self.id, self.cfg, self.lock = run, cfg.session_id, cfg, threading.Lock()
         self.thread, self.asking, self.response = None, set(), None  # the prompt's thread; our open questions
-        self.cancelled = threading.Event()
+        self.cancelled, self.ready, self.failure = threading.Event(), threading.Event(), ""
+        self.agent: Agent | None = None
         self.updates = AcpUpdates(self, cfg, run.streams)
-        self.agent = agent = Agent(cfg, run.env, self.updates, ask_user=self.confirm, ask_trust=self.ask_trust,
-                                   sleep=self.sleep)
+
+    def start(self, resume: Path | None = None) -> None:
+        """Start the Agent (settings, trust, MCP servers) and the conversation; a failure is kept, for the prompts."""
         try:
-            fs = run.client.get("fs") if isinstance(run.client.get("fs"), dict) else {}
-            files = EditorFiles(self, fs.get("readTextFile") is True, fs.get("writeTextFile") is True)
-            agent.ctx = agent.ctx._replace(confirm=self.admit, editor=files if files.reads or files.writes else None)
-            agent.model.session.send = functools.partial(self.sending, agent.model.session.send)
-            self.messages = agent.conversation(resume)
-        except BaseException:
-            agent.close()
-            raise
+            agent = Agent(self.cfg, self.run.env, self.updates, ask_user=self.confirm, ask_trust=self.ask_trust,
+                          sleep=self.sleep)
+            try:
+                fs = self.run.client.get("fs") if isinstance(self.run.client.get("fs"), dict) else {}
+                files = EditorFiles(self, fs.get("readTextFile") is True, fs.get("writeTextFile") is True)
+                agent.ctx = agent.ctx._replace(confirm=self.admit, editor=files if files.reads or files.writes else None)
+                agent.model.session.send = functools.partial(self.sending, agent.model.session.send)
+                self.messages = agent.conversation(resume)
+            except BaseException:
+                agent.close()
+                raise
+            self.agent = agent
+        except Exception as error:
+            self.failure = exit_status(error)[1]
+            self.updates.say(f"session {self.id} could not start: {self.failure}")
+        finally:
+            self.ready.set()
+
+    def begin(self) -> None:
+        """After session/new's answer: start, then tell the editor its commands and what the project's settings
+        changed of the mode and model it was told."""
+        self.start()
+        if self.agent is None:
+            return
+        self.announce()
+        if self.agent.cfg.permission_mode != self.cfg.permission_mode:
+            self.update({"sessionUpdate": "current_mode_update", "currentModeId": self.agent.cfg.permission_mode})
+        if (self.agent.cfg.permission_mode, self.agent.cfg.model) != (self.cfg.permission_mode, self.cfg.model):
+            self.update({"sessionUpdate": "config_option_update", "configOptions": self.state()["configOptions"]})
+
+    def started(self) -> Agent:
+        """The Agent, once started; an error saying why when it could not start."""
+        self.ready.wait()
+        if self.agent is None:
+            raise AcpError(ACP_INTERNAL, f"session {self.id} could not start: {self.failure}")
+        return self.agent
 
     def sending(self, send: Callable[..., Any], request: Any, **kwargs: Any) -> Any:
         """The model client's HTTP exchange, its reply kept while it arrives: a cancel cuts it."""
@@ -8712,7 +8743,7 @@ class AcpSession:
 
     def state(self) -> dict:
         """The modes, models and config options of session/new and session/load's answers."""
-        cfg = self.agent.cfg
+        cfg = self.agent.cfg if self.agent else self.cfg
         models = dict.fromkeys([cfg.model, *map(model_id, MODEL_ALIASES)])
         names = {model_id(alias): alias for alias in MODEL_ALIASES}
         modes = [{"id": mode, "name": name, "description": about} for mode, (name, about) in ACP_MODES.items()]
@@ -8737,6 +8768,7 @@ class AcpSession:
 
     def set_mode(self, mode: str) -> None:
         """Switch the permission mode, from the next call on; the editor is told."""
+        self.started()
         if mode not in PERMISSION_MODES:
             raise AcpError(ACP_BAD_PARAMS, f"Invalid params: modeId {mode!r} is not a mode; modes: "
                                            f"{', '.join(PERMISSION_MODES)}")
@@ -8746,6 +8778,7 @@ class AcpSession:
 
     def set_model(self, name: str) -> None:
         """Switch the model (a name or alias as /model takes), from the next request on."""
+        self.started()
         if not name.strip():
             raise AcpError(ACP_BAD_PARAMS, "Invalid params: the model is empty")
         self.agent.cfg = self.agent.cfg._replace(model=model_id(name))
@@ -8829,6 +8862,7 @@ class AcpSession:
     def prompt(self, blocks: list) -> dict:
         """Answer a session/prompt: its turn's stop reason (one prompt at a time in a session)."""
         text, images = acp_prompt(blocks)
+        self.started()
         with self.lock:
             if self.thread is not None:
                 raise AcpError(ACP_INVALID, f"session {self.id} is still answering a prompt: cancel it or wait")
@@ -8922,8 +8956,8 @@ class AcpRun:
         self.methods: dict[str, tuple[Callable[[dict], Any], bool]] = {  # method -> (handler, runs on a thread)
             "initialize": (self.initialize, False), "authenticate": (self.authenticate, False),
             "session/new": (self.new, True), "session/load": (self.load, True), "session/prompt": (self.prompt, True),
-            "session/cancel": (self.cancel, False), "session/set_mode": (self.set_mode, False),
-            "session/set_model": (self.set_model, False), "session/set_config_option": (self.set_option, False)}
+            "session/cancel": (self.cancel, False), "session/set_mode": (self.set_mode, True),
+            "session/set_model": (self.set_model, True), "session/set_config_option": (self.set_option, True)}
 
     def run(self) -> int:
         """Serve until stdin ends (0) or a stop signal comes (its code); sessions, servers and commands end."""
@@ -8945,7 +8979,8 @@ class AcpRun:
             time.sleep(0.02)
         for session in sessions:
             with contextlib.suppress(Exception):
-                session.agent.close("prompt_input_exit")
+                if session.agent:
+                    session.agent.close("prompt_input_exit")
 
     def handle(self, rid: Any, method: str, params: dict, asked: bool) -> None:
         """Run a request's handler (an unknown notification is ignored; only session/cancel is one)."""
@@ -9030,9 +9065,9 @@ class AcpRun:
 
     def new(self, params: dict) -> tuple[dict, Callable[[], None]]:
         """A new conversation in a folder: its id is solo's session id (`solo -r ID` goes on with it)."""
-        session = AcpSession(self, self.config(params), None)
+        session = AcpSession(self, self.config(params))
         self.sessions[session.id] = session
-        return {"sessionId": session.id, **session.state()}, session.announce
+        return {"sessionId": session.id, **session.state()}, session.begin
 
     def load(self, params: dict) -> tuple[dict, Callable[[], None]]:
         """A saved conversation again: replayed as updates, then answered; later prompts go on with it."""
@@ -9043,7 +9078,9 @@ class AcpRun:
             path = Sessions(cfg).find(sid)
         except UsageError as error:
             raise AcpError(ACP_NOT_FOUND, f"Resource not found: {error}") from None
-        session = AcpSession(self, cfg._replace(session_id=path.stem), path)
+        session = AcpSession(self, cfg._replace(session_id=path.stem))
+        session.start(path)
+        session.started()
         session.replay()
         self.sessions[session.id] = session
         return session.state(), session.announce

@@ -31,7 +31,7 @@ class Editor:
 
     def __init__(self, answers=(), buffers=None):
         self.updates, self.questions, self.answers = [], [], list(answers)
-        self.buffers, self.written, self.seen = buffers or {}, {}, []
+        self.buffers, self.written, self.seen, self.asked_in = buffers or {}, {}, [], []
 
     async def session_update(self, session_id, update, **kwargs):
         entry = update.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -39,6 +39,7 @@ class Editor:
         self.seen.append(("update", entry.get("sessionUpdate"), entry.get("status")))
 
     async def request_permission(self, session_id, tool_call, options, **kwargs):
+        self.asked_in.append(session_id)
         self.questions.append({"toolCall": tool_call.model_dump(mode="json", by_alias=True, exclude_none=True),
                                "options": [o.model_dump(mode="json", by_alias=True) for o in options]})
         self.seen.append(("question", tool_call.tool_call_id, None))
@@ -328,8 +329,10 @@ def test_project_trust_is_asked_through_the_editor(serve, workspace):
     editor = Editor(answers=["reject_always"])
 
     async def script(conn, editor, process):
-        return await conn.new_session(cwd=str(workspace), mcp_servers=[])
-    drive(server, workspace, script, editor=editor)
+        session = await conn.new_session(cwd=str(workspace), mcp_servers=[])
+        return session, await prompt(conn, session.session_id, "hi")
+    session, answer = drive(server, workspace, script, editor=editor)
+    assert answer.stop_reason == "end_turn" and editor.asked_in == [session.session_id]  # once it knows the session
     assert "calc" in editor.questions[0]["toolCall"]["content"][0]["content"]["text"]
     assert [o["kind"] for o in editor.questions[0]["options"]] == ["allow_always", "reject_always"]
 
