@@ -29,7 +29,7 @@ Sections, in the order data flows:
     Command line, Claude Code's output  flags and Config; text, json and stream-json as Claude Code writes them
     Prompts and runs                    one -p run
     Terminal, Session                   drawing on a terminal; the interactive session
-    SDK mode, ACP mode                  the Agent SDK's protocol; the Agent Client Protocol of editors (--acp)
+    SDK mode, ACP mode, ACP sessions    the Agent SDK's protocol; the Agent Client Protocol of editors (--acp)
     Main                                main() and the exit codes
 
 Examples:
@@ -8472,7 +8472,8 @@ def acp_prompt(blocks: list) -> tuple[str, list[dict]]:
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "resource_link" and isinstance(uri := block.get("uri"), str):
-            texts.append(f"@{unquote(uri[7:])}" if uri.startswith("file://") else f"[{block.get('name') or uri}]({uri})")
+            link = f"@{unquote(uri[7:])}" if uri.startswith("file://") else f"[{block.get('name') or uri}]({uri})"
+            texts.append(link)
         elif kind == "resource" and isinstance(source.get("text"), str):
             texts.append(f'<context ref="{source.get("uri", "")}">\n{source["text"]}\n</context>')
         elif kind in ("image", "resource") and isinstance(data, str) and mime.startswith("image/"):
@@ -8568,6 +8569,12 @@ class AcpLink(LineLink):
             why = error.get("message") if isinstance(error, dict) else error or "stdin is closed"
             raise AgentError(f"the client did not answer {method}: {one_line(str(why), 200)}")
         return reply["result"]
+
+
+# --- ACP sessions ---------------------------------------------------------------------------------
+# `solo --acp` itself: each editor thread a session with its own Agent, conversation, transcript and grants, its
+# events told as session/update notifications and its file tools using the editor's files when offered; the
+# client's requests routed to their handlers.
 
 
 class AcpUpdates(Reporter):
@@ -8700,7 +8707,8 @@ class AcpSession:
             try:
                 fs = self.run.client.get("fs") if isinstance(self.run.client.get("fs"), dict) else {}
                 files = EditorFiles(self, fs.get("readTextFile") is True, fs.get("writeTextFile") is True)
-                agent.ctx = agent.ctx._replace(confirm=self.admit, editor=files if files.reads or files.writes else None)
+                editor = files if files.reads or files.writes else None
+                agent.ctx = agent.ctx._replace(confirm=self.admit, editor=editor)
                 agent.model.session.send = functools.partial(self.sending, agent.model.session.send)
                 self.messages = agent.conversation(resume)
             except BaseException:
@@ -8825,7 +8833,8 @@ class AcpSession:
         cwd = self.agent.cfg.cwd
         chosen = self.ask({"toolCallId": call_id or f"ask_{os.urandom(6).hex()}", "title": call_label(tool, args),
                            "kind": ACP_KINDS.get(tool, "other"), "status": "pending", "rawInput": args,
-                           "content": acp_diff(cwd, self.change(tool, args)), "locations": acp_location(cwd, tool, args)}, options)
+                           "content": acp_diff(cwd, self.change(tool, args)),
+                           "locations": acp_location(cwd, tool, args)}, options)
         if chosen == "cancelled":
             self.cancel()
         if chosen == "reject_always":
