@@ -8699,8 +8699,9 @@ class AcpSession:
         self.agent: Agent | None = None
         self.updates = AcpUpdates(self, cfg, run.streams)
 
-    def start(self, resume: Path | None = None) -> None:
-        """Start the Agent (settings, trust, MCP servers) and the conversation; a failure is kept, for the prompts."""
+    def start(self, resume: Path | None = None, tell: bool = False) -> None:
+        """Start the Agent (settings, trust, MCP servers) and the conversation, and with `tell` say what the editor
+        should know of it before anything else can change it; a failure is kept, for the prompts."""
         try:
             agent = Agent(self.cfg, self.run.env, self.updates, ask_user=self.confirm, ask_trust=self.ask_trust,
                           sleep=self.sleep)
@@ -8715,6 +8716,8 @@ class AcpSession:
                 agent.close()
                 raise
             self.agent = agent
+            if tell:
+                self.tell()
         except Exception as error:
             self.failure = exit_status(error)[1]
             self.updates.say(f"session {self.id} could not start: {self.failure}")
@@ -8722,11 +8725,12 @@ class AcpSession:
             self.ready.set()
 
     def begin(self) -> None:
-        """After session/new's answer: start, then tell the editor its commands and what the project's settings
-        changed of the mode and model it was told."""
-        self.start()
-        if self.agent is None:
-            return
+        """After session/new's answer: start, and tell."""
+        self.start(tell=True)
+
+    def tell(self) -> None:
+        """The editor's / menu, and what the project's settings changed of the mode and model it was told."""
+        assert self.agent
         self.announce()
         if self.agent.cfg.permission_mode != self.cfg.permission_mode:
             self.update({"sessionUpdate": "current_mode_update", "currentModeId": self.agent.cfg.permission_mode})
