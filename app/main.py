@@ -8484,6 +8484,14 @@ def acp_prompt(blocks: list) -> tuple[str, list[dict]]:
     return "\n\n".join(texts), images
 
 
+def acp_kind(name: str, args: dict) -> str:
+    """A call's kind for the editor's icon: a command that only removes or moves files says so."""
+    if name == "Bash" and isinstance(args.get("command"), str) and not re.search(r"[;&|<>`$\n]", args["command"]):
+        return {"rm": "delete", "rmdir": "delete", "unlink": "delete", "mv": "move"}.get(
+            args["command"].split(" ", 1)[0], "execute")
+    return ACP_KINDS.get(name, "other")
+
+
 def acp_location(cwd: Path, name: str, args: dict) -> list[dict]:
     """Where a call looks or writes, so the editor can follow: the file (and a Read's first line) or the folder."""
     where = args.get("notebook_path" if name == "NotebookEdit" else "file_path") or args.get("path")
@@ -8626,7 +8634,7 @@ class AcpUpdates(Reporter):
         self.calls[event["id"]] = (name, args, self.session.change(name, args))  # for the diff at its end
         meta = {"_meta": {"parentToolCallId": event["parent"]}} if event.get("parent") else {}
         self.update({"sessionUpdate": "tool_call", "toolCallId": event["id"], "title": call_label(name, args),
-                     "kind": ACP_KINDS.get(name, "other"), "status": "pending",
+                     "kind": acp_kind(name, args), "status": "pending",
                      "locations": acp_location(cwd, name, args), "rawInput": args, **meta})
 
     def end_call(self, event: dict) -> None:
@@ -8790,10 +8798,12 @@ class AcpSession:
 
     def set_model(self, name: str) -> None:
         """Switch the model (a name or alias as /model takes), from the next request on."""
-        self.started()
-        if not name.strip():
-            raise AcpError(ACP_BAD_PARAMS, "Invalid params: the model is empty")
-        self.agent.cfg = self.agent.cfg._replace(model=model_id(name))
+        agent = self.started()
+        try:
+            agent.model.check_model(model := model_id(name))  # as /model does: a name the API lacks is refused
+        except UsageError as error:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: {error}") from None
+        agent.cfg = agent.cfg._replace(model=model)
         self.messages.note({"type": "model", "model": self.agent.cfg.model})
         self.update({"sessionUpdate": "config_option_update", "configOptions": self.state()["configOptions"]})
 
@@ -8836,7 +8846,7 @@ class AcpSession:
             [("reject_once", "Reject"), ("reject_always", f"Always reject {rules}")]
         cwd = self.agent.cfg.cwd
         chosen = self.ask({"toolCallId": call_id or f"ask_{os.urandom(6).hex()}", "title": call_label(tool, args),
-                           "kind": ACP_KINDS.get(tool, "other"), "status": "pending", "rawInput": args,
+                           "kind": acp_kind(tool, args), "status": "pending", "rawInput": args,
                            "content": acp_diff(cwd, self.change(tool, args)),
                            "locations": acp_location(cwd, tool, args)}, options)
         if chosen == "cancelled":

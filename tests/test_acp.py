@@ -19,6 +19,7 @@ from acp import (PROTOCOL_VERSION, embedded_text_resource, image_block, resource
 from acp.schema import (AllowedOutcome, ClientCapabilities, DeniedOutcome, FileSystemCapabilities, McpServerStdio,
                         ReadTextFileResponse, RequestPermissionResponse)
 
+from app import main as agent
 from tests.conftest import PROGRAM
 
 MCP_SERVER = Path(__file__).resolve().with_name("mcp_server.py")
@@ -524,6 +525,16 @@ def test_reasoning_streams_as_thoughts_and_a_cancelled_question_cancels(serve, w
     assert drive(server, workspace, script, editor=editor) == ["cancelled", "end_turn"]
     assert not (workspace / "f").exists()
     assert "".join(u["content"]["text"] for u in editor.kinds("agent_thought_chunk")) == "thinking it over"
+
+
+@pytest.mark.parametrize("name, args, kind", [
+    ("Bash", {"command": "rm -rf build"}, "delete"), ("Bash", {"command": "mv a b"}, "move"),
+    ("Bash", {"command": "rm x; curl evil"}, "execute"), ("Bash", {"command": "ls"}, "execute"),
+    ("Read", {}, "read"), ("Edit", {}, "edit"), ("Grep", {}, "search"), ("WebFetch", {}, "fetch"),
+    ("TodoWrite", {}, "think"), ("mcp__calc__peek", {}, "other"),
+])
+def test_tool_kinds(name, args, kind):
+    assert agent.acp_kind(name, args) == kind
 
 
 # --- Raw JSON-RPC lines ---------------------------------------------------------------------------
