@@ -537,6 +537,20 @@ def test_tool_kinds(name, args, kind):
     assert agent.acp_kind(name, args) == kind
 
 
+def test_a_trusted_projects_mcp_servers_start(serve, workspace):
+    (workspace / ".mcp.json").write_text(json.dumps({"mcpServers": {"calc": {
+        "command": sys.executable, "args": [str(MCP_SERVER), "--only", "peek"]}}}))
+    server = serve(tool_then([call("mcp__calc__peek", {"text": "hi"}, id="m1")], last_result))
+    editor = Editor(answers=["allow_always"])
+
+    async def script(conn, editor, process):
+        session = await conn.new_session(cwd=str(workspace), mcp_servers=[])
+        return await prompt(conn, session.session_id, "peek")
+    assert drive(server, workspace, script, editor=editor).stop_reason == "end_turn"
+    assert "".join(u["content"]["text"] for u in editor.kinds("agent_message_chunk")) == "peek: hi"
+    assert len(editor.questions) == 1  # the trust question; peek is read-only
+
+
 # --- Raw JSON-RPC lines ---------------------------------------------------------------------------
 
 
