@@ -8912,6 +8912,7 @@ class AcpSession:
         trace in the conversation, as in a terminal session."""
         agent, messages = self.agent, self.messages
         mark, compactions, model, granted = len(messages), messages.compactions, agent.cfg.model, []
+        self.updates.begin(time.monotonic())  # this turn's stop reason, not the last one's
         try:
             command = agent.commands.get(text[1:].partition(" ")[0]) if text.startswith("/") else None
             if command:
@@ -8921,7 +8922,6 @@ class AcpSession:
                 agent.cfg = agent.cfg._replace(model=command.model or model)
                 text = render_command(command, text.partition(" ")[2].strip(), agent.cfg.cwd,
                                       functools.partial(inline_output, agent))
-            self.updates.begin(time.monotonic())
             outcome = agent.ask(messages, attach_mentions(agent.cfg.cwd, text), images=images)
         except BaseException as error:
             del messages[mark if messages.compactions == compactions else messages.floor:]
