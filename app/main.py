@@ -3,6 +3,7 @@
 Usage (`solo` installed, or ./your_program.sh in the repository):
     solo -p "PROMPT" [options]     answer one prompt, print the answer, exit
     solo [options]                 read the prompt from piped stdin, or start a session
+    solo --acp                     an editor's agent: the Agent Client Protocol on stdin and stdout
 
 The agent sends the conversation and its tool specs to OpenRouter's chat completions API, runs every
 tool call the model makes (Read, Write, Edit, Bash, Glob, Grep, Skill, NotebookEdit, BashOutput, KillShell,
@@ -31,7 +32,8 @@ Sections, in the order data flows:
     Terminal                            drawing on a terminal; the keys read during a turn
     Line editor                         the prompt line: readline, Tab, history, paste, questions; the live picker
     Session                             the interactive session: its commands, /rewind's checkpoints, the loop, a turn
-    SDK mode, Main                      the Agent SDK's protocol; main() and the exit codes
+    SDK mode, ACP mode, ACP sessions    the Agent SDK's protocol; the Agent Client Protocol of editors (--acp)
+    Main                                main() and the exit codes
 
 Examples:
     solo -p "What does this project do?"           # answer one prompt and exit
@@ -1832,6 +1834,7 @@ class ToolContext(NamedTuple):
     image_side: Callable[[], int] | None = None  # the most pixels a side of an image may have for the model in use
     pages: dict | None = None  # the run's fetched pages: URL -> (monotonic time, final URL, text); None: none kept
     call_id: str = ""  # the id of the call being run (a sub-agent's messages name their Agent call)
+    editor: Any = None  # ACP mode's EditorFiles: text files read and written through the editor; None: the disk
 
 
 class Tool(NamedTuple):
@@ -2030,9 +2033,12 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
         return notebook
     st, key = path.stat(), (str(path.resolve()), offset, limit)
     stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-    if ctx.reads is not None and ctx.reads.get(key) == stamp:
+    if ctx.reads is not None and ctx.reads.get(key) == stamp and not ctx.editor:  # a buffer may differ
         return f"[{file_path} has not changed since your earlier Read of these lines: that result is still current]"
     f, encoding = open_text(path)
+    if ctx.editor and encoding == UTF8 and (text := ctx.editor.read(path)) is not None:  # unsaved edits seen
+        f.close()
+        f = io.StringIO(text, newline="")
     with f, time_limit(SEARCH_SECONDS):  # a special file under /proc can block, a sparse one go on for ever
         if encoding is None:
             raise ToolError(f"{file_path} is a binary file ({path.stat().st_size} bytes); Read shows text only")
@@ -2101,6 +2107,8 @@ def write_file(ctx: ToolContext, path: Path, data: bytes, file_path: str) -> Non
     """Write a file's new bytes: in a sandbox only beneath its folders (write_beneath), else wherever the path leads
     (write_anywhere); errors name the path the model gave."""
     try:
+        if ctx.editor and ctx.editor.write(ctx, path, data, file_path):
+            return
         if ctx.sandbox:
             write_beneath(ctx.sandbox.roots, ctx.guard, path, data, file_path)
         else:
@@ -2157,6 +2165,7 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     if path.stat().st_size > EDIT_MAX_BYTES:
         raise ToolError(f"{file_path} is larger than {EDIT_MAX_BYTES} bytes; edit it with Bash instead")
     raw = path.read_bytes()
+    raw = ctx.editor.text(path, raw) if ctx.editor else raw
     encoding = sniff_encoding(raw[:SNIFF_BYTES])
     try:
         text = encoding.decode(raw) if encoding else "\0"
@@ -7027,6 +7036,8 @@ def add_run_options(add: Callable[..., Any]) -> None:
         "to write in)")
     add("--settings", metavar="FILE_OR_JSON", help="one more settings file (Claude Code's format), read last")
     add("--setting-sources", metavar="LIST", help="which settings files to read: user,project,local (default all)")
+    add("--acp", action="store_true", help="speak the Agent Client Protocol on stdin and stdout (editors: Zed, "
+        "JetBrains, Neovim, Emacs)")
     add("--version", action="store_true", help="print the version and exit")
 
 
@@ -8074,6 +8085,13 @@ def remove_folders(made: Iterable[str]) -> list[str]:
     return removed
 
 
+def call_label(name: str, args: dict) -> str:
+    """A tool call's line: its name and its main argument (a command, a path, a pattern, a URL), cut short."""
+    what = next((args[k] for k in ("command", "file_path", "pattern", "url") if isinstance(args.get(k), str)),
+                json.dumps(args, ensure_ascii=False))
+    return f"{name}({visible(one_line(what, 80))})"
+
+
 def result_summary(name: str, args: dict, content: str) -> list[str]:
     """A few lines saying what a call gave: output's first and last lines, an error, a Read's range, a count."""
     lines = re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).split("\n")
@@ -8246,9 +8264,7 @@ class Display(Reporter):
             args = parse_arguments(event["arguments"])
         except ValueError:
             args = {}
-        what = next((args[k] for k in ("command", "file_path", "pattern", "url") if isinstance(args.get(k), str)),
-                    json.dumps(args, ensure_ascii=False))
-        label = f"{event['name']}({visible(one_line(what, 80))})"
+        label = call_label(event["name"], args)
         before = file_before(self.cfg.cwd, args)[1:] if event["name"] in ("Write", "Edit") else (False, None)
         self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
         if event["name"] != "TodoWrite":  # drawn as its list
@@ -8396,6 +8412,31 @@ SESSION_KEYS = {
 SESSION_HELP = "\n".join(f"{name:17} {what}" for name, what in SESSION_COMMANDS.items())  # for --help
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
+
+
+def file_change(cwd: Path, tool: str, args: dict, text: str | None = None) -> tuple[str, bool, str, str]:
+    """A Write's or Edit's file as the call names it, whether it exists, and its text before and after the call
+    (`text`: the file's as an editor has it; None: the disk's)."""
+    path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
+    _, exists, data = file_before(cwd, args)
+    text = text if text is not None else data.decode(errors="replace") if data is not None else None
+    if tool == "Write":
+        old, new = text or "", str(args.get("content", ""))
+    elif text is not None and old and old in text:
+        old, new = text, text.replace(old, new, -1 if args.get("replace_all") is True else 1)
+    return path, exists, old, new
+
+
+def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
+    """What a call will do, shown whole before it is allowed: every line of a command, or a file change's diff."""
+    if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
+        text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
+        blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
+        return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
+    path, exists, old, new = file_change(cwd, tool, args)
+    every = " (every occurrence)" if args.get("replace_all") is True else ""
+    diff = shown_diff(path, old if exists else None, new, colour)
+    return f"{'change' if exists else 'create'} {visible(path)}{every}\n{diff}"
 
 
 def narrowed(rows: list[str], words: str) -> list[int]:
@@ -8633,24 +8674,6 @@ class Picker:
 
 INIT_PROMPT = ("Write a short CLAUDE.md in the working directory (or improve the one there) for agents working here: "
                "how to build, test (one test too) and lint, and the architecture that takes several files to see.")
-
-
-def describe_call(cwd: Path, tool: str, args: dict, colour: bool = False) -> str:
-    """What a call will do, shown whole before it is allowed: every line of a command, or a file change's diff."""
-    if tool not in ("Write", "Edit"):  # runs of blank lines are counted, so nothing scrolls out of sight
-        text = visible(str(args.get("command") or json.dumps(args, ensure_ascii=False)))
-        blanks = r"\n[ \t]*(?:\n[ \t]*){2,}\n"
-        return re.sub(blanks, lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text)
-    path, old, new = str(args.get("file_path", "")), str(args.get("old_string", "")), str(args.get("new_string", ""))
-    _, exists, data = file_before(cwd, args)
-    text = data.decode(errors="replace") if data is not None else None
-    if tool == "Write":
-        old, new = text or "", str(args.get("content", ""))
-    elif text is not None and old and old in text:
-        old, new = text, text.replace(old, new, -1 if args.get("replace_all") is True else 1)
-    every = " (every occurrence)" if args.get("replace_all") is True else ""
-    diff = shown_diff(path, old if exists else None, new, colour)
-    return f"{'change' if exists else 'create'} {visible(path)}{every}\n{diff}"
 
 
 def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
@@ -9129,17 +9152,17 @@ def user_content(content: Any) -> tuple[str, list[dict]]:
     return "\n\n".join(texts), images
 
 
-class SdkLink:
-    """stdin and stdout with the SDK: a thread reads stdin and routes each line by type (prompts queued, control
-    requests answered at once by their handler, answers to our own requests handed to their waiter); requests to
-    the SDK wait for their answer while other traffic flows. At the end of stdin the queue gets None."""
+class LineLink:
+    """One JSON object a line with a peer on stdin and stdout, shared by SDK and ACP mode: a thread reads stdin and
+    hands each object to `route` (a line that is not a JSON object, or nests too deep, goes to `garbage`); lines go
+    out whole, one at a time, under one lock; our own requests wait for the answer `settle` hands them while other
+    traffic flows. At the end of stdin, whatever way it ends, every waiter wakes and the queue gets None."""
 
-    def __init__(self, out: ClaudeOutput, stdin: Any, handlers: dict[str, Callable[[dict], dict]],
-                 notice: Callable[[str], None]):
+    def __init__(self, stdin: Any, write: Callable[[dict], None], notice: Callable[[str], None]):
         import queue
-        self.out, self.stdin, self.handlers, self.notice = out, stdin, handlers, notice
+        self.stdin, self.write, self.notice = stdin, write, notice
         self.prompts: Any = queue.SimpleQueue()
-        self.pending: dict[str, threading.Event] = {}
+        self.pending: dict[Any, threading.Event] = {}
         self.ids, self.closed = itertools.count(1), False
 
     def start(self) -> None:
@@ -9147,29 +9170,63 @@ class SdkLink:
         threading.Thread(target=self.read, daemon=True).start()
 
     def read(self) -> None:
-        """Route every line of stdin; at its end, whatever ends it, wake every waiter and end the queue."""
+        """Route every line of stdin (bytes decoded here: a stray byte costs only itself); at its end, wake every
+        waiter and end the queue."""
         try:
             with contextlib.suppress(OSError, ValueError):
-                for line in self.lines():
+                source = getattr(self.stdin, "buffer", self.stdin)
+                while line := source.readline():
+                    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
                     try:
-                        message = json.loads(line)
-                        assert isinstance(message, dict)
-                    except (ValueError, AssertionError, RecursionError):  # RecursionError: nested too deeply
-                        self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
-                        continue
-                    self.route(message)
+                        message = json.loads(text)
+                    except (ValueError, RecursionError):
+                        message = ...  # not JSON at all
+                    if not isinstance(message, dict):
+                        self.garbage(text, message)
+                    else:
+                        self.route(message)
         finally:
             self.closed = True
             for slot in list(self.pending.values()):
                 slot.set()
             self.prompts.put(None)
 
-    def lines(self) -> Iterator[str]:
-        """stdin's lines, read as bytes and decoded here as UTF-8 (a bad byte replaced), whatever PYTHONIOENCODING
-        says."""
-        source = getattr(self.stdin, "buffer", self.stdin)
-        while line := source.readline():
-            yield line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line
+    def garbage(self, line: str, message: Any) -> None:
+        """A line that is not a JSON object: said on stderr and skipped."""
+        self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
+
+    def route(self, message: dict) -> None:
+        """One object from the peer (each mode its own)."""
+        raise NotImplementedError
+
+    def wait(self, request_id: Any, message: dict, timeout: float | None = None) -> Any:
+        """Send a request of ours and wait for its answer: what `settle` handed over, None when stdin closed first or
+        the time ran out."""
+        slot = threading.Event()
+        slot.response, self.pending[request_id] = None, slot  # type: ignore[attr-defined]
+        try:
+            if not self.closed:
+                self.write(message)
+                slot.wait(timeout)
+        finally:
+            self.pending.pop(request_id, None)
+        return slot.response  # type: ignore[attr-defined]
+
+    def settle(self, request_id: Any, response: Any) -> None:
+        """Hand an answer to the request waiting for it (an answer nobody waits for is dropped)."""
+        if slot := self.pending.get(request_id):
+            slot.response = response  # type: ignore[attr-defined]
+            slot.set()
+
+
+class SdkLink(LineLink):
+    """stdin and stdout with the SDK: lines routed by type (prompts queued, control requests answered at once by
+    their handler, answers to our own requests handed to their waiter)."""
+
+    def __init__(self, out: ClaudeOutput, stdin: Any, handlers: dict[str, Callable[[dict], dict]],
+                 notice: Callable[[str], None]):
+        super().__init__(stdin, out.write, notice)
+        self.out, self.handlers = out, handlers
 
     def route(self, message: dict) -> None:
         """One line from the SDK."""
@@ -9180,9 +9237,7 @@ class SdkLink:
             self.answer(message.get("request_id"), message.get("request") if isinstance(message.get("request"),
                                                                                         dict) else {})
         elif kind == "control_response" and isinstance(message.get("response"), dict):
-            if slot := self.pending.get(message["response"].get("request_id")):
-                slot.response = message["response"]  # type: ignore[attr-defined]
-                slot.set()
+            self.settle(message["response"].get("request_id"), message["response"])
 
     def answer(self, request_id: Any, request: dict) -> None:
         """Answer a control request: its handler's response, or an error naming what went wrong (whatever it is:
@@ -9198,16 +9253,9 @@ class SdkLink:
 
     def request(self, subtype: str, fields: dict, timeout: float | None = None) -> dict:
         """Ask the SDK and wait for its answer; AgentError when it answers with an error, or never can."""
-        request_id, slot = f"solo_{next(self.ids)}_{os.urandom(4).hex()}", threading.Event()
-        slot.response, self.pending[request_id] = None, slot  # type: ignore[attr-defined]
-        try:
-            if not self.closed:
-                self.out.write({"type": "control_request", "request_id": request_id,
-                                "request": {"subtype": subtype, **fields}})
-                slot.wait(timeout)
-        finally:
-            self.pending.pop(request_id, None)
-        response = slot.response or {}  # type: ignore[attr-defined]
+        request_id = f"solo_{next(self.ids)}_{os.urandom(4).hex()}"
+        response = self.wait(request_id, {"type": "control_request", "request_id": request_id,
+                                          "request": {"subtype": subtype, **fields}}, timeout) or {}
         if response.get("subtype") != "success":
             why = response.get("error") or ("stdin is closed" if self.closed else "no answer in time")
             raise AgentError(f"the SDK did not answer {subtype}: {one_line(str(why), 200)}")
@@ -9453,6 +9501,752 @@ class SdkRun:
         return reply if isinstance(reply, dict) else {}
 
 
+# --- ACP mode -------------------------------------------------------------------------------------
+# Editors (Zed, JetBrains, Neovim, Emacs) start `solo --acp` and speak the Agent Client Protocol v1 with it
+# (REFERENCE.md §15): JSON-RPC 2.0, one message a line, requests both ways. SDK mode's LineLink reads and writes
+# the lines; each session is a conversation of its own (its Agent, transcript and grants), each prompt runs on a
+# thread of its own, and a cancel reaches that thread as Ctrl-C reaches a terminal session's.
+
+ACP_VERSION = 1
+ACP_PARSE, ACP_INVALID, ACP_NO_METHOD, ACP_BAD_PARAMS, ACP_INTERNAL = -32700, -32600, -32601, -32602, -32603
+ACP_AUTH, ACP_NOT_FOUND = -32000, -32002
+ACP_AUTH_METHOD = "openrouter-api-key"
+ACP_KINDS = {"Read": "read", "Write": "edit", "Edit": "edit", "MultiEdit": "edit", "NotebookEdit": "edit",
+             "Bash": "execute", "BashOutput": "execute", "KillShell": "execute", "Glob": "search", "Grep": "search",
+             "WebFetch": "fetch", "WebSearch": "fetch", "TodoWrite": "think", "Agent": "think", "Task": "think"}
+ACP_MODES = {"default": ("Default", "asks before edits, commands and other changes"),
+             "acceptEdits": ("Accept edits", "file edits run without asking; commands still ask"),
+             "plan": ("Plan", "read-only tools only: investigate, then answer with a plan"),
+             "bypassPermissions": ("Bypass permissions", "nothing asks (deny rules still hold)")}
+ACP_STOPS = {"length": "max_tokens", "content_filter": "refusal"}  # the last reply's finish_reason -> stopReason
+ACP_CHOICES = {"allow_once": "y", "allow_always": "a", "reject_once": "n", "reject_always": "n"}
+
+
+class AcpError(Exception):
+    """A request answered with a JSON-RPC error: its code and message."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def async_raise(thread: int, error: type[BaseException] | None) -> None:
+    """Raise an exception in another thread at its next Python step (None takes back one not yet raised)."""
+    import ctypes
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(error) if error else None)
+
+
+def cut_reply(response: Any) -> None:
+    """Shut the socket a streamed reply still arrives on, so a read waiting on it returns at once (a reply read
+    whole has given its connection back for the next request: that one is left alone)."""
+    with contextlib.suppress(Exception):
+        if not response._content_consumed:
+            response.raw._connection.sock.shutdown(socket.SHUT_RDWR)
+
+
+def param(params: dict, name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    """One field of a request's params; an invalid-params error naming it when it is missing or of another type."""
+    value = params.get(name, default)
+    if value is ... or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        raise AcpError(ACP_BAD_PARAMS, f"Invalid params: {name} must be {' or '.join(k.__name__ for k in kinds)}")
+    return value
+
+
+def acp_servers(servers: list) -> tuple[tuple[str, dict], ...]:
+    """The MCP servers a client passes, as .mcp.json's entries (stdio, http)."""
+    converted = []
+    for i, server in enumerate(servers):
+        if not isinstance(server, dict) or not isinstance(server.get("name"), str):
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: mcpServers[{i}] needs a name")
+        pairs = {p.get("name"): p.get("value") for p in server.get("env") or server.get("headers") or []
+                 if isinstance(p, dict)}
+        if server.get("type") in ("http", "sse"):
+            spec = {"type": server["type"], "url": str(server.get("url", "")), "headers": pairs}
+        elif isinstance(server.get("command"), str):
+            spec = {"command": server["command"], "args": [str(a) for a in server.get("args") or []], "env": pairs}
+        else:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: mcpServers[{i}] needs a command or an http url")
+        converted.append((server["name"], spec))
+    return tuple(converted)
+
+
+def acp_prompt(blocks: list) -> tuple[str, list[dict]]:
+    """A prompt's text and images from ACP content blocks: files linked become @mentions, embedded resources
+    context (an embedded image an image)."""
+    from urllib.parse import unquote
+    texts, images = [], []
+    for i, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        source = (block.get("resource") if kind == "resource" else block) if kind else {}
+        source = source if isinstance(source, dict) else {}
+        data, mime = source.get("blob" if kind == "resource" else "data"), str(source.get("mimeType") or "image/png")
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "resource_link" and isinstance(uri := block.get("uri"), str):
+            link = f"@{unquote(uri[7:])}" if uri.startswith("file://") else f"[{block.get('name') or uri}]({uri})"
+            texts.append(link)
+        elif kind == "resource" and isinstance(source.get("text"), str):
+            texts.append(f'<context ref="{source.get("uri", "")}">\n{source["text"]}\n</context>')
+        elif kind in ("image", "resource") and isinstance(data, str) and mime.startswith("image/"):
+            images.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
+        else:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: prompt[{i}] is not a content block solo takes "
+                                           "(text, resource_link, resource with text or an image, image)")
+    return "\n\n".join(texts), images
+
+
+def acp_kind(name: str, args: dict) -> str:
+    """A call's kind for the editor's icon: a command that only removes or moves files says so."""
+    if name == "Bash" and isinstance(args.get("command"), str) and not re.search(r"[;&|<>`$\n]", args["command"]):
+        return {"rm": "delete", "rmdir": "delete", "unlink": "delete", "mv": "move"}.get(
+            args["command"].split(" ", 1)[0], "execute")
+    return ACP_KINDS.get(name, "other")
+
+
+def acp_location(cwd: Path, name: str, args: dict) -> list[dict]:
+    """Where a call looks or writes, so the editor can follow: the file (and a Read's first line) or the folder."""
+    where = args.get("notebook_path" if name == "NotebookEdit" else "file_path") or args.get("path")
+    if not isinstance(where, str) or not where:
+        return []
+    line = args.get("offset") if name == "Read" and isinstance(args.get("offset"), int) else None
+    return [{"path": str(Path(cwd, os.path.expanduser(where))), **({"line": line} if line else {})}]
+
+
+def acp_diff(cwd: Path, change: tuple | None) -> list[dict]:
+    """A Write's or Edit's diff block for the editor, from file_change's view of it (None: no diff)."""
+    if not change:
+        return []
+    path, exists, old, new = change
+    return [{"type": "diff", "path": str(Path(cwd, os.path.expanduser(path))), "oldText": old if exists else None,
+             "newText": new}]
+
+
+def text_content(text: str) -> dict:
+    """A tool call's content item of text."""
+    return {"type": "content", "content": {"type": "text", "text": text}}
+
+
+class AcpLink(LineLink):
+    """stdin and stdout with an ACP client: JSON-RPC 2.0 lines. Requests and notifications go to `handle` on the
+    reader's thread (which starts threads for the slow ones); answers go to the request of ours that waits."""
+
+    def __init__(self, stdin: Any, stdout: Any, handle: Callable[[Any, str, dict, bool], None],
+                 notice: Callable[[str], None], secret: str):
+        super().__init__(stdin, self.send, notice)
+        self.stdout, self.handle, self.secret, self.lock = stdout, handle, secret, threading.Lock()
+
+    def send(self, message: dict) -> None:
+        """One message as one line, whole, under the lock (a client that left costs nothing)."""
+        line = redact(json.dumps({"jsonrpc": "2.0", **message}, ensure_ascii=False), self.secret) + "\n"
+        with self.lock, contextlib.suppress(OSError, ValueError):
+            self.stdout.write(line)
+            self.stdout.flush()
+
+    def garbage(self, line: str, message: Any) -> None:
+        """A line that is not JSON is a parse error; JSON that is not an object (a batch) an invalid request."""
+        if line.strip():
+            self.error(None, ACP_PARSE if message is ... else ACP_INVALID,
+                       "Parse error" if message is ... else "Invalid Request: a message is one JSON object")
+
+    def route(self, message: dict) -> None:
+        """One message from the client: a request, a notification, or an answer to one of ours."""
+        rid, method, params = message.get("id"), message.get("method"), message.get("params")
+        params = {} if params is None else params
+        if message.get("jsonrpc") != "2.0" or not isinstance(rid, (str, int, type(None))) or isinstance(rid, bool):
+            return self.error(rid if isinstance(rid, (str, int)) else None, ACP_INVALID,
+                              'Invalid Request: jsonrpc must be "2.0" and an id a string or number')
+        if method is None and "id" in message and ("result" in message or "error" in message):
+            return self.settle(rid, message)
+        if not isinstance(method, str):
+            return self.error(rid, ACP_INVALID, "Invalid Request: no method")
+        if not isinstance(params, dict):
+            return self.error(rid, ACP_BAD_PARAMS, "Invalid params: params must be an object") if "id" in message \
+                else None
+        self.handle(rid, method, params, "id" in message)
+
+    def error(self, rid: Any, code: int, text: str) -> None:
+        """Answer a request with an error."""
+        self.send({"id": rid, "error": {"code": code, "message": text}})
+
+    def notify(self, method: str, params: dict) -> None:
+        """A notification to the client."""
+        self.send({"method": method, "params": params})
+
+    def request(self, method: str, params: dict, asking: set | None = None) -> Any:
+        """Ask the client and wait for its result (its id kept in `asking` meanwhile, so a cancel can answer it);
+        AgentError when it answers with an error, or stdin ends first."""
+        rid = next(self.ids)
+        if asking is not None:
+            asking.add(rid)
+        try:
+            reply = self.wait(rid, {"id": rid, "method": method, "params": params})
+        finally:
+            if asking is not None:
+                asking.discard(rid)
+        if not isinstance(reply, dict) or "result" not in reply:
+            error = reply.get("error") if isinstance(reply, dict) else None
+            why = error.get("message") if isinstance(error, dict) else error or "stdin is closed"
+            raise AgentError(f"the client did not answer {method}: {one_line(str(why), 200)}")
+        return reply["result"]
+
+
+# --- ACP sessions ---------------------------------------------------------------------------------
+# `solo --acp` itself: each editor thread a session with its own Agent, conversation, transcript and grants, its
+# events told as session/update notifications and its file tools using the editor's files when offered; the
+# client's requests routed to their handlers.
+
+
+class AcpUpdates(Reporter):
+    """A session's agent events as session/update notifications: text and reasoning as they stream, tool calls as
+    they start and end (sub-agents' under their Agent call), the to-do list as a plan. Notices and the trace go
+    where any run's go (stderr, the trace file)."""
+
+    def __init__(self, session: AcpSession, cfg: Config, streams: Streams):
+        super().__init__(cfg._replace(output_format="text"), streams._replace(stdout=streams.stderr))
+        self.session, self.calls, self.texted = session, {}, False  # calls: id -> (name, input); texted: this reply
+
+    def update(self, update: dict) -> None:
+        """One session/update."""
+        self.session.run.link.notify("session/update", {"sessionId": self.session.id, "update": update})
+
+    def __call__(self, event: dict) -> None:
+        """Take one event from the agent."""
+        kind, own = event["type"], not event.get("agent")
+        if kind == "delta" and own:
+            self.chunk(event["delta"])
+        elif kind == "assistant" and own:
+            if not self.texted and (text := content_text(event["message"])):  # a reply that was not streamed
+                self.update({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}})
+            self.texted = False
+        elif kind == "tool_call":
+            self.start_call(event)
+        elif kind == "tool_result":
+            self.end_call(event)
+        elif kind == "todos" and own:
+            self.update({"sessionUpdate": "plan", "entries": [
+                {"content": str(t.get("content", "")), "priority": "medium", "status": t.get("status", "pending")}
+                for t in event["todos"]]})
+        super().__call__(event)
+
+    def chunk(self, delta: dict) -> None:
+        """A piece of the reply under way: its text, or its reasoning as a thought."""
+        for field, update in (("reasoning", "agent_thought_chunk"), ("content", "agent_message_chunk")):
+            if isinstance(text := delta.get(field), str) and text:
+                self.texted = self.texted or field == "content"
+                self.update({"sessionUpdate": update, "content": {"type": "text", "text": text}})
+
+    def start_call(self, event: dict) -> None:
+        """A call as it starts: its title (the terminal's tool line), kind, places and input."""
+        try:
+            args = parse_arguments(event["arguments"])
+        except ValueError:
+            args = {}
+        name, cwd = event["name"], self.session.agent.cfg.cwd
+        self.calls[event["id"]] = (name, args, self.session.change(name, args))  # for the diff at its end
+        meta = {"_meta": {"parentToolCallId": event["parent"]}} if event.get("parent") else {}
+        self.update({"sessionUpdate": "tool_call", "toolCallId": event["id"], "title": call_label(name, args),
+                     "kind": acp_kind(name, args), "status": "pending",
+                     "locations": acp_location(cwd, name, args), "rawInput": args, **meta})
+
+    def end_call(self, event: dict) -> None:
+        """A call as it ends: completed or failed, its result, and a file change's diff."""
+        name, args, change = self.calls.pop(event["id"], (event["name"], {}, None))
+        content = [text_content(str(event["content"]))]
+        if change and not event["is_error"]:
+            content += acp_diff(self.session.agent.cfg.cwd, change)
+        self.update({"sessionUpdate": "tool_call_update", "toolCallId": event["id"],
+                     "status": "failed" if event["is_error"] else "completed", "content": content,
+                     "rawOutput": str(event["content"])})
+
+
+class EditorFiles(NamedTuple):
+    """The client's file system for the file tools, where it offers one: Read sees unsaved buffers, Write and Edit
+    land in the editor (with its undo), after solo's own checks; other files, and binary ones, use the disk."""
+
+    session: AcpSession
+    reads: bool  # fs.readTextFile
+    writes: bool  # fs.writeTextFile
+
+    def read(self, path: Path) -> str | None:
+        """A text file's content as the editor has it; None when the client cannot say (the disk's turn)."""
+        if not self.reads or path.suffix == ".ipynb":
+            return None
+        try:
+            result = self.session.run.link.request("fs/read_text_file", {"sessionId": self.session.id,
+                                                                         "path": str(Path(os.path.realpath(path)))})
+        except AgentError as error:
+            self.session.updates.say(f"read {path} from the disk: {error}")
+            return None
+        return result.get("content") if isinstance(result, dict) and isinstance(result.get("content"), str) else None
+
+    def text(self, path: Path, raw: bytes) -> bytes:
+        """An Edit's bytes: the editor's text of a UTF-8 file (no byte-order mark), else the disk's."""
+        if sniff_encoding(raw[:SNIFF_BYTES]) == UTF8 and (text := self.read(path)) is not None:
+            return text.encode("utf-8", "surrogateescape")
+        return raw
+
+    def write(self, ctx: ToolContext, path: Path, data: bytes, file_path: str) -> bool:
+        """Write a file's new UTF-8 text through the editor (True), once solo's checks pass; False: the disk's turn."""
+        if not self.writes or path.suffix == ".ipynb" or data.startswith(codecs.BOM_UTF8):
+            return False
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        real = resolved(path, file_path)
+        if ctx.sandbox:
+            ctx.sandbox.check(real, file_path)
+            if ctx.guard:
+                ctx.guard.refuse(real, file_path)
+        try:
+            self.session.run.link.request("fs/write_text_file", {"sessionId": self.session.id, "path": str(real),
+                                                                  "content": text})
+        except AgentError as error:
+            raise ToolError(f"cannot write {file_path}: {error}") from None
+        return True
+
+
+class AcpSession:
+    """One editor thread: a conversation with its own Agent, transcript and grants. The Agent starts once the editor
+    knows the session (so the trust question can name it); a prompt runs on the thread that answers it, and a
+    cancel raises Ctrl-C's KeyboardInterrupt there, so a command is killed as in a terminal."""
+
+    def __init__(self, run: AcpRun, cfg: Config):
+        self.run, self.id, self.cfg, self.lock = run, cfg.session_id, cfg, threading.Lock()
+        self.thread, self.asking, self.response = None, set(), None  # the prompt's thread; our open questions
+        self.cancelled, self.ready, self.failure = threading.Event(), threading.Event(), ""
+        self.agent: Agent | None = None
+        self.updates = AcpUpdates(self, cfg, run.streams)
+
+    def start(self, resume: Path | None = None, tell: bool = False) -> None:
+        """Start the Agent (settings, trust, MCP servers) and the conversation, and with `tell` say what the editor
+        should know of it before anything else can change it; a failure is kept, for the prompts."""
+        try:
+            agent = Agent(self.cfg, self.run.env, self.updates, ask_user=self.confirm, ask_trust=self.ask_trust,
+                          sleep=self.sleep)
+            try:
+                fs = self.run.client.get("fs") if isinstance(self.run.client.get("fs"), dict) else {}
+                files = EditorFiles(self, fs.get("readTextFile") is True, fs.get("writeTextFile") is True)
+                editor = files if files.reads or files.writes else None
+                agent.ctx = agent.ctx._replace(confirm=self.admit, editor=editor)
+                agent.model.session.send = functools.partial(self.sending, agent.model.session.send)
+                self.messages = agent.conversation(resume)
+            except BaseException:
+                agent.close()
+                raise
+            self.agent = agent
+            if tell:
+                self.tell()
+        except Exception as error:
+            self.failure = exit_status(error)[1]
+            self.updates.say(f"session {self.id} could not start: {self.failure}")
+        finally:
+            self.ready.set()
+
+    def begin(self) -> None:
+        """After session/new's answer: start, and tell."""
+        self.start(tell=True)
+
+    def tell(self) -> None:
+        """The editor's / menu, and what the project's settings changed of the mode and model it was told."""
+        assert self.agent
+        self.announce()
+        if self.agent.cfg.permission_mode != self.cfg.permission_mode:
+            self.update({"sessionUpdate": "current_mode_update", "currentModeId": self.agent.cfg.permission_mode})
+        if (self.agent.cfg.permission_mode, self.agent.cfg.model) != (self.cfg.permission_mode, self.cfg.model):
+            self.update({"sessionUpdate": "config_option_update", "configOptions": self.state()["configOptions"]})
+
+    def started(self) -> Agent:
+        """The Agent, once started; an error saying why when it could not start."""
+        self.ready.wait()
+        if self.agent is None:
+            raise AcpError(ACP_INTERNAL, f"session {self.id} could not start: {self.failure}")
+        return self.agent
+
+    def sending(self, send: Callable[..., Any], request: Any, **kwargs: Any) -> Any:
+        """The model client's HTTP exchange, its reply kept while it arrives: a cancel cuts it."""
+        self.response = send(request, **kwargs)
+        return self.response
+
+    def update(self, update: dict) -> None:
+        """One session/update."""
+        self.updates.update(update)
+
+    def state(self) -> dict:
+        """The modes, models and config options of session/new and session/load's answers."""
+        cfg = self.agent.cfg if self.agent else self.cfg
+        models = dict.fromkeys([cfg.model, *map(model_id, MODEL_ALIASES)])
+        names = {model_id(alias): alias for alias in MODEL_ALIASES}
+        modes = [{"id": mode, "name": name, "description": about} for mode, (name, about) in ACP_MODES.items()]
+        return {"modes": {"currentModeId": cfg.permission_mode, "availableModes": modes},
+                "models": {"currentModelId": cfg.model, "availableModels": [
+                    {"modelId": m, "name": names.get(m, m), "description": m} for m in models]},
+                "configOptions": [
+                    {"id": "mode", "name": "Mode", "category": "mode", "type": "select",
+                     "currentValue": cfg.permission_mode,
+                     "options": [{"value": m["id"], "name": m["name"], "description": m["description"]}
+                                 for m in modes]},
+                    {"id": "model", "name": "Model", "category": "model", "type": "select", "currentValue": cfg.model,
+                     "options": [{"value": m, "name": names.get(m, m), "description": m} for m in models]}]}
+
+    def announce(self) -> None:
+        """The custom commands and skills a prompt can start with, for the editor's / menu."""
+        entries = [(c.name, c.description, c.hint) for c in self.agent.commands.values()] + \
+            [(s.name, s.description, "") for s in self.agent.skills.values() if s.name not in self.agent.commands]
+        self.update({"sessionUpdate": "available_commands_update", "availableCommands": [
+            {"name": name, "description": about or name, "input": {"hint": hint or "arguments"}}
+            for name, about, hint in entries]})
+
+    def set_mode(self, mode: str) -> None:
+        """Switch the permission mode, from the next call on; the editor is told."""
+        self.started()
+        if mode not in PERMISSION_MODES:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: modeId {mode!r} is not a mode; modes: "
+                                           f"{', '.join(PERMISSION_MODES)}")
+        self.agent.cfg = self.agent.cfg._replace(permission_mode=mode)
+        self.update({"sessionUpdate": "current_mode_update", "currentModeId": mode})
+        self.update({"sessionUpdate": "config_option_update", "configOptions": self.state()["configOptions"]})
+
+    def set_model(self, name: str) -> None:
+        """Switch the model (a name or alias as /model takes), from the next request on."""
+        agent = self.started()
+        try:
+            agent.model.check_model(model := model_id(name))  # as /model does: a name the API lacks is refused
+        except UsageError as error:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: {error}") from None
+        agent.cfg = agent.cfg._replace(model=model)
+        self.messages.note({"type": "model", "model": self.agent.cfg.model})
+        self.update({"sessionUpdate": "config_option_update", "configOptions": self.state()["configOptions"]})
+
+    def change(self, tool: str, args: dict) -> tuple | None:
+        """What a Write or Edit will change (file_change), from the editor's text of the file when it offers it."""
+        if tool not in ("Write", "Edit"):
+            return None
+        editor, path = self.agent.ctx.editor, Path(self.agent.cfg.cwd, os.path.expanduser(str(args.get("file_path"))))
+        text = None
+        with contextlib.suppress(AgentError, OSError):
+            text = editor.read(path) if editor and path.is_file() else None
+        return file_change(self.agent.cfg.cwd, tool, args, text)
+
+    def admit(self, tool: str, args: dict, hint: str = "", call_id: str = "") -> str:
+        """The permission check of a call; a call let through is in progress from here."""
+        why = self.agent.permit(tool, args, hint, call_id)
+        if not why and call_id:
+            self.update({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "in_progress"})
+        return why
+
+    def ask(self, tool_call: dict, options: list[tuple[str, str]]) -> str:
+        """A session/request_permission: the option chosen, "cancelled", or "" when the client cannot ask."""
+        try:
+            answer = self.run.link.request("session/request_permission", {
+                "sessionId": self.id, "toolCall": tool_call,
+                "options": [{"optionId": kind, "name": name, "kind": kind} for kind, name in options]}, self.asking)
+        except AgentError as error:
+            self.updates.say(str(error))
+            return ""
+        outcome = answer.get("outcome") if isinstance(answer, dict) else None
+        if not isinstance(outcome, dict) or outcome.get("outcome") == "cancelled":
+            return "cancelled"
+        return str(outcome.get("optionId", ""))
+
+    def confirm(self, tool: str, args: dict, proposals: tuple[str, ...], call_id: str = "") -> str:
+        """Ask the editor before a call runs, as a terminal session asks: once, always (the rules `a` adds), no, or
+        never (a deny rule for the session); a cancelled question cancels the prompt."""
+        rules = ", ".join(proposals) or tool
+        options = [("allow_once", "Allow once")] + [("allow_always", f"Always allow {rules}")] * bool(proposals) + \
+            [("reject_once", "Reject"), ("reject_always", f"Always reject {rules}")]
+        cwd = self.agent.cfg.cwd
+        chosen = self.ask({"toolCallId": call_id or f"ask_{os.urandom(6).hex()}", "title": call_label(tool, args),
+                           "kind": acp_kind(tool, args), "status": "pending", "rawInput": args,
+                           "content": acp_diff(cwd, self.change(tool, args)),
+                           "locations": acp_location(cwd, tool, args)}, options)
+        if chosen == "cancelled":
+            self.cancel()
+        if chosen == "reject_always":
+            self.agent.rules["deny"] += [r for r in (parse_rule(t, "this session", cwd) for t in proposals or (tool,))
+                                         if isinstance(r, Rule)]
+        return ACP_CHOICES.get(chosen, "n")
+
+    def ask_trust(self, question: str) -> bool | None:
+        """The project trust question, asked through the editor; None when it cannot ask (the parts are left out)."""
+        chosen = self.ask({"toolCallId": f"trust_{os.urandom(6).hex()}", "title": "Trust this project's own parts?",
+                           "kind": "other", "status": "pending", "content": [text_content(question)]},
+                          [("allow_always", "Trust them here"), ("reject_always", "Leave them out")])
+        return None if chosen in ("", "cancelled") else chosen.startswith("allow")
+
+    def sleep(self, seconds: float) -> None:
+        """A wait between retries that a cancel cuts short."""
+        if self.cancelled.wait(seconds):
+            raise KeyboardInterrupt
+
+    def cancel(self) -> None:
+        """Stop the prompt under way as Esc does: its questions answered cancelled, its reply cut, its commands
+        killed (KeyboardInterrupt on its thread), its sub-agents stopped at their next step."""
+        with self.lock:
+            if self.thread is None or self.cancelled.is_set():
+                return
+            self.cancelled.set()
+            self.agent.turns += 1
+            for rid in list(self.asking):  # the client is told to drop the question too
+                self.run.link.notify("$/cancel_request", {"requestId": rid})
+                self.run.link.settle(rid, {"result": {"outcome": {"outcome": "cancelled"}}})
+            async_raise(self.thread, KeyboardInterrupt)
+            cut_reply(self.response)
+
+    def prompt(self, blocks: list) -> dict:
+        """Answer a session/prompt: its turn's stop reason (one prompt at a time in a session)."""
+        text, images = acp_prompt(blocks)
+        self.started()
+        with self.lock:
+            if self.thread is not None:
+                raise AcpError(ACP_INVALID, f"session {self.id} is still answering a prompt: cancel it or wait")
+            self.thread = threading.get_ident()
+            self.cancelled.clear()
+        try:
+            return {"stopReason": self.turn(text, images)}
+        finally:
+            self.settle()
+
+    def settle(self) -> None:
+        """The prompt is over: a cancel that came as it ended is taken back (it may land here, so this repeats)."""
+        while True:
+            try:
+                with self.lock:
+                    self.thread = None
+                    async_raise(threading.get_ident(), None)
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def turn(self, text: str, images: list[dict]) -> str:
+        """Run one prompt (`/name args` runs a custom command or a skill); a cancelled or failed turn leaves no
+        trace in the conversation, as in a terminal session."""
+        agent, messages = self.agent, self.messages
+        mark, compactions, model, granted = len(messages), messages.compactions, agent.cfg.model, []
+        self.updates.begin(time.monotonic())  # this turn's stop reason, not the last one's
+        try:
+            command = agent.commands.get(text[1:].partition(" ")[0]) if text.startswith("/") else None
+            if command:
+                granted = [rule for rule in (parse_rule(t, f"/{command.name}", agent.cfg.cwd) for t in command.allowed)
+                           if isinstance(rule, Rule)]
+                agent.rules["allow"] += granted
+                agent.cfg = agent.cfg._replace(model=command.model or model)
+                text = render_command(command, text.partition(" ")[2].strip(), agent.cfg.cwd,
+                                      functools.partial(inline_output, agent))
+            outcome = agent.ask(messages, attach_mentions(agent.cfg.cwd, text), images=images)
+        except BaseException as error:
+            del messages[mark if messages.compactions == compactions else messages.floor:]
+            if isinstance(error, KeyboardInterrupt) or self.cancelled.is_set():
+                return "cancelled"
+            if isinstance(error, PromptBlocked) or self.updates.stop_reason == "content_filter":
+                self.updates.say(str(error))
+                return "refusal"  # the prompt is dropped, as the protocol says of a refusal
+            raise AcpError(ACP_INTERNAL, exit_status(error)[1]) from None
+        finally:
+            agent.cfg = agent.cfg._replace(model=model)
+            agent.rules["allow"] = [r for r in agent.rules["allow"] if all(r is not g for g in granted)]
+        self.refresh()
+        if outcome.subtype != "success":
+            return "max_turn_requests"
+        return ACP_STOPS.get(self.updates.stop_reason, "end_turn")
+
+    def refresh(self) -> None:
+        """Custom commands added, changed or removed since the last look: the editor's / menu is told."""
+        cfg = self.agent.cfg
+        if (found := discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))) != self.agent.commands:
+            self.agent.commands = found
+            self.announce()
+
+    def replay(self) -> None:
+        """A loaded conversation as updates: the prompts, the answers, the tool calls with their results."""
+        names = {}
+        for message in self.messages:
+            role, text = message.get("role"), content_text(message)
+            if role in ("user", "assistant") and text:
+                kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
+                self.update({"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+            for call in message.get("tool_calls") or [] if role == "assistant" else []:
+                names[call["id"]] = call["function"]["name"]
+                self.updates.start_call({"id": call["id"], "name": names[call["id"]],
+                                         "arguments": call["function"]["arguments"]})
+            if role == "tool":
+                content = str(message.get("content", ""))
+                self.updates.end_call({"id": message.get("tool_call_id"), "name": names.get(message.get(
+                    "tool_call_id"), ""), "content": content, "is_error": content.startswith("Error:")})
+
+
+class AcpRun:
+    """`solo --acp`: the client's requests answered until stdin ends or a stop signal comes, then every session
+    ended with all it started. Quick methods are answered on the reader's thread; sessions start and prompts run on
+    threads of their own, so several sessions work at once."""
+
+    def __init__(self, args: argparse.Namespace, env: dict[str, str], streams: Streams):
+        self.args, self.env, self.streams, self.client = args, env, streams, {}
+        self.sessions: dict[str, AcpSession] = {}
+        self.prompts: dict[Any, Any] = {}  # a session/prompt under way: its request id -> its session id
+        self.say = Reporter(Config(api_key=env.get("OPENROUTER_API_KEY", "").strip(), cwd=Path("/")),
+                            streams._replace(stdout=streams.stderr)).say
+        self.link = AcpLink(streams.stdin, streams.stdout, self.handle, self.say, env.get("OPENROUTER_API_KEY", ""))
+        self.methods: dict[str, tuple[Callable[[dict], Any], bool]] = {  # method -> (handler, runs on a thread)
+            "initialize": (self.initialize, False), "authenticate": (self.authenticate, False),
+            "session/new": (self.new, True), "session/load": (self.load, True), "session/prompt": (self.prompt, True),
+            "session/cancel": (self.cancel, False), "session/set_mode": (self.set_mode, True),
+            "session/set_model": (self.set_model, True), "session/set_config_option": (self.set_option, True)}
+
+    def run(self) -> int:
+        """Serve until stdin ends (0) or a stop signal comes (its code); sessions, servers and commands end."""
+        self.link.start()
+        try:
+            while self.link.prompts.get() is not None:
+                pass
+            return EXIT_OK
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """End every session: prompts cancelled (their commands killed), then servers and shells ended."""
+        sessions = list(self.sessions.values())
+        for session in sessions:
+            session.cancel()
+        deadline = time.monotonic() + 5
+        while any(s.thread for s in sessions) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for session in sessions:
+            with contextlib.suppress(Exception):
+                if session.agent:
+                    session.agent.close("prompt_input_exit")
+
+    def handle(self, rid: Any, method: str, params: dict, asked: bool) -> None:
+        """Run a request's handler (an unknown notification is ignored; only session/cancel is one)."""
+        entry = self.methods.get(method)
+        if not asked:
+            if method == "$/cancel_request" and (sid := self.prompts.get(params.get("requestId"))):
+                params = {"sessionId": sid}  # a prompt request cancelled: its session's prompt is
+            if method in ("session/cancel", "$/cancel_request"):
+                self.respond(None, self.cancel, params, False)
+            return
+        if entry is None:
+            return self.link.error(rid, ACP_NO_METHOD, f"Method not found: {method}")
+        if method == "session/prompt":
+            self.prompts[rid] = params.get("sessionId")
+        if entry[1]:
+            threading.Thread(target=self.respond, args=(rid, entry[0], params, True), daemon=True).start()
+        else:
+            self.respond(rid, entry[0], params, True)
+
+    def respond(self, rid: Any, handler: Callable[[dict], Any], params: dict, asked: bool) -> None:
+        """Answer a request with its handler's result (then do what follows it) or the error it raised."""
+        try:
+            result = handler(params)
+        except AcpError as error:
+            return self.link.error(rid, error.code, str(error)) if asked else None
+        except Exception as error:
+            return self.link.error(rid, ACP_INTERNAL, exit_status(error)[1]) if asked else None
+        finally:
+            if handler == self.prompt:
+                self.prompts.pop(rid, None)
+        then = None
+        if isinstance(result, tuple):
+            result, then = result
+        if asked:
+            self.link.send({"id": rid, "result": result})
+        if then:
+            then()
+
+    def session(self, params: dict) -> AcpSession:
+        """The session a request names."""
+        sid = param(params, "sessionId", str)
+        if (session := self.sessions.get(sid)) is None:
+            raise AcpError(ACP_NOT_FOUND, f"Resource not found: no session {sid} (session/new or session/load first)")
+        return session
+
+    def initialize(self, params: dict) -> dict:
+        """The handshake: version 1 (asked for a later one, 1 still), what solo takes, how to authenticate."""
+        version = param(params, "protocolVersion", int)
+        if version < ACP_VERSION:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: protocol version {version} is not supported; solo speaks "
+                                           f"ACP version {ACP_VERSION}")
+        caps = params.get("clientCapabilities")
+        self.client = caps if isinstance(caps, dict) else {}
+        return {"protocolVersion": ACP_VERSION, "agentCapabilities": {
+                    "loadSession": True, "promptCapabilities": {"image": True, "audio": False, "embeddedContext": True},
+                    "mcpCapabilities": {"http": True, "sse": False}},
+                "agentInfo": {"name": "solo", "title": "solo", "version": VERSION},
+                "authMethods": [{"id": ACP_AUTH_METHOD, "name": "OpenRouter API key", "description":
+                                 "set OPENROUTER_API_KEY in the environment the editor starts solo with"}]}
+
+    def authenticate(self, params: dict) -> dict:
+        """Nothing to do but check: the key comes from the environment."""
+        if param(params, "methodId", str) != ACP_AUTH_METHOD:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: methodId must be {ACP_AUTH_METHOD}")
+        if not self.env.get("OPENROUTER_API_KEY", "").strip():
+            raise AcpError(ACP_AUTH, "Authentication required: set OPENROUTER_API_KEY where the editor starts solo")
+        return {}
+
+    def config(self, params: dict) -> Config:
+        """The Config of a session in the folder a request names, with the client's MCP servers as the user's own."""
+        cwd = param(params, "cwd", str)
+        if not os.path.isabs(cwd) or not os.path.isdir(cwd):
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: cwd must be an absolute path to a folder, not {cwd!r}")
+        servers = acp_servers(param(params, "mcpServers", list, []))
+        if not self.env.get("OPENROUTER_API_KEY", "").strip():
+            raise AcpError(ACP_AUTH, "Authentication required: set OPENROUTER_API_KEY where the editor starts solo")
+        try:
+            cfg = build_config(self.args, self.env, Path(cwd))
+        except UsageError as error:
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: {error}") from None
+        return cfg._replace(mcp=cfg.mcp + tuple((n, s) for n, s in servers if n not in dict(cfg.mcp)))
+
+    def new(self, params: dict) -> tuple[dict, Callable[[], None]]:
+        """A new conversation in a folder: its id is solo's session id (`solo -r ID` goes on with it)."""
+        session = AcpSession(self, self.config(params))
+        self.sessions[session.id] = session
+        return {"sessionId": session.id, **session.state()}, session.begin
+
+    def load(self, params: dict) -> tuple[dict, Callable[[], None]]:
+        """A saved conversation again: replayed as updates, then answered; later prompts go on with it."""
+        sid, cfg = param(params, "sessionId", str), self.config(params)
+        if sid in self.sessions:
+            raise AcpError(ACP_INVALID, f"session {sid} is open already")
+        try:
+            path = Sessions(cfg).find(sid)
+        except UsageError as error:
+            raise AcpError(ACP_NOT_FOUND, f"Resource not found: {error}") from None
+        session = AcpSession(self, cfg._replace(session_id=path.stem))
+        session.start(path)
+        session.started()
+        session.replay()
+        self.sessions[session.id] = session
+        return session.state(), session.announce
+
+    def prompt(self, params: dict) -> dict:
+        """Run a prompt on a session."""
+        return self.session(params).prompt(param(params, "prompt", list))
+
+    def cancel(self, params: dict) -> None:
+        """Stop a session's prompt (a notification)."""
+        self.session(params).cancel()
+
+    def set_mode(self, params: dict) -> dict:
+        """Switch a session's permission mode."""
+        self.session(params).set_mode(param(params, "modeId", str))
+        return {}
+
+    def set_model(self, params: dict) -> dict:
+        """Switch a session's model (the clients that use session/set_model)."""
+        self.session(params).set_model(param(params, "modelId", str))
+        return {}
+
+    def set_option(self, params: dict) -> dict:
+        """Set a session's config option, mode or model; the answer holds them all."""
+        session, option = self.session(params), param(params, "configId", str)
+        if option not in ("mode", "model"):
+            raise AcpError(ACP_BAD_PARAMS, f"Invalid params: no config option {option!r}; options: mode, model")
+        (session.set_mode if option == "mode" else session.set_model)(param(params, "value", str))
+        return {"configOptions": session.state()["configOptions"]}
+
+
 # --- Main -----------------------------------------------------------------------------------------
 
 
@@ -9474,6 +10268,8 @@ def main(argv: list[str] | None = None, *, env: dict[str, str] | None = None, st
         if args.version:
             print(f"solo {VERSION}", file=streams.stdout)
             return EXIT_OK
+        if args.acp:
+            return AcpRun(args, env, streams).run()
         try:
             cwd = Path.cwd()
         except OSError:

@@ -1,6 +1,7 @@
 """Benchmarks: what the harness costs on top of the model, each figure beside its floor.
 
 Run from the repository root (after tests/setup.sh):  .venv/bin/python tests/bench.py [--quick] [--mcp-only] [--hook-only]
+                                                        [--sdk-only] [--acp-only]
 
 Prints a table of medians over several runs: start-up to first request, time per turn over a 200-turn
 session (whole replies and streamed), the delay from a streamed chunk to its line on stdout, the time a session
@@ -12,6 +13,8 @@ For MCP and parallel calls (issue 15): 4 Greps of ~0.5 s in one reply against th
 none, and what an MCP call costs over the server's own time. --mcp-only runs just those.
 For SDK mode (issue 23): time per turn against -p's, a control round trip, start-up to the initialize answer
 against -p's start-up to its first request. --sdk-only runs just those.
+For ACP mode (issue 34): time per turn against -p --output-format stream-json's, start-up to the initialize answer
+against -p's. --acp-only runs just those.
 Not collected by pytest: it takes minutes and its figures depend on the machine.
 """
 
@@ -35,6 +38,7 @@ MCP_SERVER = ROOT / "tests" / "mcp_server.py"
 QUICK = "--quick" in sys.argv
 MCP_ONLY = "--mcp-only" in sys.argv
 SDK_ONLY = "--sdk-only" in sys.argv
+ACP_ONLY = "--acp-only" in sys.argv
 HOOK_ONLY = "--hook-only" in sys.argv
 RUNS = 3 if QUICK else 7
 
@@ -508,6 +512,69 @@ def sdk_rows(workspace: Path, turns: int = 200) -> list[tuple[str, str, str, str
     ]
 
 
+class AcpDriver:
+    """solo --acp, driven line by line as an editor drives it (JSON-RPC; every update read, none kept)."""
+
+    def __init__(self, server: FakeOpenRouter, workspace: Path):
+        self.proc = subprocess.Popen([str(PROGRAM), "--acp", "--yes"], cwd=workspace, env=env_for(server, workspace),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        self.ids, self.workspace = 0, workspace
+
+    def call(self, method: str, **params) -> dict:
+        """A request and its answer (the updates before it read and dropped)."""
+        self.ids += 1
+        self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method,
+                                          "params": params}).encode() + b"\n")
+        for line in self.proc.stdout:
+            if (obj := json.loads(line)).get("id") == self.ids and "method" not in obj:
+                return obj
+        raise SystemExit(f"solo ended before answering {method}")
+
+    def session(self) -> str:
+        self.call("initialize", protocolVersion=1, clientCapabilities={})
+        return self.call("session/new", cwd=str(self.workspace), mcpServers=[])["result"]["sessionId"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def acp_rows(workspace: Path, turns: int = 200) -> list[tuple[str, str, str, str]]:
+    """ACP mode (issue 34): time per model turn against -p --output-format stream-json's, start-up to the
+    initialize answer against -p's start-up to its first request."""
+    (workspace / "small.txt").write_text("a small file\n" * 5)
+    per_turn: dict[str, list[float]] = {"acp": [], "p": []}
+    for _ in range(max(3, RUNS // 2)):
+        for name in per_turn:
+            with FakeOpenRouter(session_model(turns), validate=False) as server:
+                if name == "acp":
+                    driver = AcpDriver(server, workspace)
+                    driver.call("session/prompt", sessionId=driver.session(), prompt=[{"type": "text", "text": "go"}])
+                    driver.close()
+                else:
+                    subprocess.run([str(PROGRAM), "-p", "go", "--output-format", "stream-json", "--verbose"],
+                                   cwd=workspace, env=env_for(server, workspace), check=True,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                per_turn[name].append((server.times[-1] - server.times[0]) / turns)
+    starts = []
+    with FakeOpenRouter(lambda body: reply("ok"), validate=False) as server:
+        for run in range(3 * RUNS + 1):  # the first only warms the caches
+            started = time.monotonic()
+            driver = AcpDriver(server, workspace)
+            driver.call("initialize", protocolVersion=1, clientCapabilities={})
+            if run:
+                starts.append(time.monotonic() - started)
+            driver.close()
+    start_p = startup(workspace)[0]
+    acp, p = statistics.median(per_turn["acp"]), statistics.median(per_turn["p"])
+    return [
+        ("ACP mode: time per turn, 200 turns", f"{acp * 1000:.2f} ms", f"{p * 1000:.2f} ms -p",
+         f"{acp / p:.2f}x (target <= 1.5x)"),
+        ("ACP mode: start-up to initialize answer", f"{statistics.median(starts) * 1000:.0f} ms",
+         f"{start_p * 1000:.0f} ms -p", f"{statistics.median(starts) / start_p:.2f}x (target <= 1.3x)"),
+    ]
+
+
 def print_rows(rows: list[tuple[str, str, str, str]]) -> None:
     print(f"{'measure':36} {'solo':>12} {'floor':>16}  verdict")
     for name, value, floor, verdict in rows:
@@ -531,11 +598,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
             print_rows(sdk_rows(Path(tmp)))
         return
+    if ACP_ONLY:
+        with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
+            print_rows(acp_rows(Path(tmp)))
+        return
     with tempfile.TemporaryDirectory(prefix="solo-bench-") as tmp:
         workspace = Path(tmp)
         sandbox = sandbox_cost(workspace)
         mcp = mcp_rows(workspace)
         sdk = sdk_rows(workspace)
+        acp = acp_rows(workspace)
         start_agent, start_floor = startup(workspace)
         turns, largest = per_turn(workspace)
         delay = chunk_to_stdout(workspace)
@@ -565,7 +637,7 @@ def main() -> None:
         ("PreToolUse hook `true` on every call", f"+{(hooked - plain) * 1000:.2f} ms a call",
          f"{shell * 1000:.2f} ms its process alone", f"{(hooked - plain) / shell:.2f}x its process"),
     ]
-    print_rows(rows + mcp + sdk)
+    print_rows(rows + mcp + sdk + acp)
     print("\n400-turn session in a 20,000-token window:")
     for label, result in long.items():
         print(f"  {label}: {result['outcome']!r} after {result['turns']} turns; {result['summaries']} compactions, "
