@@ -2018,6 +2018,17 @@ def patch_hunks(old: str, new: str) -> list[dict]:
     return hunks
 
 
+def read_notes(file_path: str, path: Path, encoding: Encoding, size: int) -> str:
+    """What Read says after a file's lines: an encoding other than plain UTF-8, a notebook too big to edit."""
+    more = ""
+    if encoding.codec != "utf-8" or encoding.bom:
+        more += f"\n[{file_path} is {encoding.codec} text{' with a byte-order mark' * bool(encoding.bom)}, shown " \
+                "decoded; Edit and Write keep that encoding]"
+    if path.suffix == ".ipynb" and size > EDIT_MAX_BYTES:
+        more += f"\n[{file_path} is a notebook over {EDIT_MAX_BYTES // 1_000_000} MB: shown as its JSON text]"
+    return more
+
+
 def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = READ_LINES) -> str:
     """Return a window of a text file's lines exactly, saying where it goes on."""
     path = existing_file(ctx, file_path)
@@ -2062,11 +2073,7 @@ def tool_read(ctx: ToolContext, file_path: str, offset: int = 1, limit: int = RE
         raise ToolError(f"offset {offset} is past the end of {file_path} ({number} lines)")
     if ctx.reads is not None:
         ctx.reads[key] = stamp
-    if encoding.codec != "utf-8" or encoding.bom:
-        more += f"\n[{file_path} is {encoding.codec} text{' with a byte-order mark' * bool(encoding.bom)}, shown " \
-                "decoded; Edit and Write keep that encoding]"
-    if path.suffix == ".ipynb" and st.st_size > EDIT_MAX_BYTES:
-        more += f"\n[{file_path} is a notebook over {EDIT_MAX_BYTES // 1_000_000} MB: shown as its JSON text]"
+    more += read_notes(file_path, path, encoding, st.st_size)
     text = "".join(parts)
     return detailed(text + more, {"type": "text", "file": {"filePath": str(path), "content": text, "numLines": len(
         parts), "startLine": offset, "totalLines": total or number}})
@@ -6619,6 +6626,22 @@ def run_agent(cfg: Config, messages: list[dict], *, model: Callable[[dict], dict
     raise AssertionError("unreachable")
 
 
+def sandbox_roots(cfg: Config) -> tuple[tuple[Path, ...], Path | None]:
+    """The folders a sandbox of the run's mode lets commands write in, and read-only's private temp folder."""
+    import tempfile
+    if cfg.sandbox == "read-only":
+        scratch = Path(tempfile.mkdtemp(prefix="solo-sandbox-"))
+        return (scratch,), scratch
+    return (cfg.cwd, Path(tempfile.gettempdir()), Path("/dev/shm"), *cfg.add_dirs), None
+
+
+def sandbox_summary(cfg: Config, roots: Iterable[Path], protection: str) -> str:
+    """--verbose's line about the sandbox: where commands write, their network, unix sockets, what is protected."""
+    return (f"sandbox {cfg.sandbox}: writes only under {', '.join(map(str, roots))}; network "
+            f"{'on' if cfg.sandbox_network else 'off'}; unix sockets {'on' if cfg.sandbox_unix else 'off'}; "
+            f"{protection}")
+
+
 class Agent:
     """One run's model client, tools, skills, MCP servers, rules, hooks and usage, shared by its conversations and
     sub-agents."""
@@ -6678,11 +6701,7 @@ class Agent:
         folder, .mcp.json and .claude read-only to everything confined (or, without mount namespaces, guarded)."""
         if self.cfg.sandbox == "off":
             return None
-        import tempfile
-        roots = (self.cfg.cwd, Path(tempfile.gettempdir()), Path("/dev/shm"), *self.cfg.add_dirs)
-        if self.cfg.sandbox == "read-only":
-            self.scratch = Path(tempfile.mkdtemp(prefix="solo-sandbox-"))
-            roots = (self.scratch,)
+        roots, self.scratch = sandbox_roots(self.cfg)
         try:
             roots = tuple(Path(os.path.realpath(root)) for root in roots if os.path.isdir(root))
             folders = guarded_folders((self.cfg.cwd, *self.cfg.add_dirs), roots)
@@ -6701,9 +6720,7 @@ class Agent:
         if warning:
             self.notice(warning)
         if self.cfg.verbose:
-            self.notice(f"sandbox {self.cfg.sandbox}: writes only under {', '.join(map(str, roots))}; network "
-                        f"{'on' if self.cfg.sandbox_network else 'off'}; unix sockets "
-                        f"{'on' if self.cfg.sandbox_unix else 'off'}; {protected(sandbox, self.guard)}")
+            self.notice(sandbox_summary(self.cfg, roots, protected(sandbox, self.guard)))
         return sandbox
 
     def close(self, reason: str = "other") -> None:
