@@ -644,7 +644,7 @@ def test_rewind_keeps_a_folder_it_made_where_a_file_was_put_since(tmp_path):
     session = type("S", (), {"reporter": type("R", (), {"say": staticmethod(said.append)})(), "checkpoints": [
         {"prompt_id": 1, "path": str(tmp_path / "made" / "inner" / "new.txt"), "exists": False, "bytes": None,
          "folder": str(tmp_path / "made")}]})()
-    agent.Session.restore(session, 1)
+    agent.Commands.restore(session, 1)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["made", "made/yours.txt"]
     assert said[0].startswith(f"restored: {tmp_path}/made/inner/new.txt. Files changed by commands")
 
