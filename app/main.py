@@ -8123,10 +8123,20 @@ def remove_folders(made: Iterable[str]) -> list[str]:
 
 
 def call_label(name: str, args: dict) -> str:
-    """A tool call's line: its name and its main argument (a command, a path, a pattern, a URL), cut short."""
-    what = next((args[k] for k in ("command", "file_path", "pattern", "url") if isinstance(args.get(k), str)),
+    """A tool call's line: its name and its main argument (a command, a path, a pattern, a URL, a sub-agent's task),
+    cut short."""
+    what = next((args[k] for k in ("command", "file_path", "pattern", "url", "notebook_path", "query", "bash_id",
+                                   "shell_id", "skill", "description") if isinstance(args.get(k), str)),
                 json.dumps(args, ensure_ascii=False))
     return f"{name}({visible(one_line(what, 80))})"
+
+
+def call_args(event: dict) -> dict:
+    """A call event's arguments ({} when they are not a JSON object)."""
+    try:
+        return parse_arguments(event["arguments"])
+    except ValueError:
+        return {}
 
 
 def result_lines(content: str) -> tuple[list[str], int]:
@@ -8155,6 +8165,23 @@ def result_summary(name: str, args: dict, content: str) -> list[str]:
     return [visible(one_line(line, 200)) for line in rows]
 
 
+class SubAgents:
+    """Sub-agents' calls as a session draws them, under their Agent call's line: how many each made, and the rows
+    their lines take while nothing else is drawn below them (the Agent call's end then draws over them)."""
+
+    def __init__(self) -> None:
+        self.uses: dict[str, int] = {}  # a running Agent call's id -> the calls its sub-agent has made
+        self.running: dict[str, str] = {}  # a sub-agent's running call's id -> its label, named by its sub-agent
+        self.below: tuple[str, int] = ("", 0)  # the Agent call whose lines end the screen; rows under its own
+
+    def line(self, event: dict) -> str:
+        """A sub-agent's call as a line: right under its Agent call's lines, else named by its sub-agent's task."""
+        parent, label = event.get("parent", ""), call_label(event["name"], call_args(event))
+        self.uses[parent] = self.uses.get(parent, 0) + 1
+        self.running[event["id"]] = f"{event['agent']} › {label}"
+        return f"  ⎿ {label}" if self.below[0] == parent else f"  ⎿ {visible(one_line(event['agent'], 40))} › {label}"
+
+
 class Display(Reporter):
     """A session's screen: tool calls as they start and end, diffs, Markdown as it streams, a status line."""
 
@@ -8170,7 +8197,7 @@ class Display(Reporter):
         self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
         self.asked, self.shown = 0.0, ""  # seconds at questions; the last call shown
         self.results: list[tuple[str, str]] = []  # this turn's results, labelled, for Ctrl-O (see keep)
-        self.fresh = True  # a new turn's first result starts the list anew
+        self.fresh, self.agents = True, SubAgents()  # fresh: a new turn's first result starts the list anew
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
 
     def paint(self, text: str, *styles: str) -> str:
@@ -8199,7 +8226,7 @@ class Display(Reporter):
 
     def clear(self) -> None:
         """Take the status line off the screen, for something drawn in its place (below the to-do list)."""
-        self.listed = 0
+        self.listed, self.agents.below = 0, ("", 0)
         if self.status:
             self.streams.stderr.write("\r\033[K")
             self.status = False
@@ -8249,13 +8276,15 @@ class Display(Reporter):
         """The turn is over (or cancelled): no status line, half-drawn answer or running call."""
         self.working("")
         self.calls.clear()
-        self.markdown, self.fresh = self.markdown and Markdown(), True
+        self.markdown, self.fresh, self.agents = self.markdown and Markdown(), True, SubAgents()
 
     def __call__(self, event: dict) -> None:
-        """Take one event, drawing tool calls and the end of a reply (a sub-agent's show as single lines)."""
+        """Take one event, drawing tool calls and the end of a reply (a sub-agent's calls under its Agent call)."""
         now = time.monotonic()  # a call's time ends here, not when the pager lets it be shown
         with self.lock:
             if event.get("agent"):
+                if event["type"] in ("tool_call", "tool_result"):
+                    self.draw_nested(event)
                 return super().__call__(event)
             if event["type"] == "assistant":
                 self.tokens += int((event.get("usage") or {}).get("completion_tokens") or 0) or self.chars // 4
@@ -8310,17 +8339,25 @@ class Display(Reporter):
 
     def start_call(self, event: dict) -> None:
         """A tool call's line, as it starts; a file's content before a change, for its diff."""
-        try:
-            args = parse_arguments(event["arguments"])
-        except ValueError:
-            args = {}
+        args = call_args(event)
         label = call_label(event["name"], args)
         before = file_before(self.cfg.cwd, args)[1:] if event["name"] in ("Write", "Edit") else (False, None)
         self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
         if event["name"] != "TodoWrite":  # drawn as its list
             self.put(self.paint("● ", "green") + self.paint(label, "bold") + "\n")
             self.shown = event["id"]
+        if event["name"] == "Agent":  # its sub-agent's calls go under its line
+            self.agents.uses[event["id"]], self.agents.below = 0, (event["id"], 0)
         self.working(label)
+
+    def draw_nested(self, event: dict) -> None:
+        """A sub-agent's call as a line under its Agent call's (see SubAgents); its result kept for Ctrl-O."""
+        if event["type"] == "tool_result":
+            return self.keep(self.agents.running.pop(event["id"], event["name"]), event["content"])
+        parent, (last, rows) = event.get("parent", ""), self.agents.below
+        line = self.paint(self.agents.line(event), "grey")
+        self.put(line + "\n")
+        self.agents.below = (parent, rows + rows_of(line, self.measure())) if last == parent else ("", 0)
 
     def keep(self, label: str, content: str) -> None:
         """Keep a result for Ctrl-O: this turn's, or the last turn's that ran a tool."""
@@ -8329,7 +8366,8 @@ class Display(Reporter):
         self.results.append((label, content))
 
     def end_call(self, event: dict, ended: float) -> None:
-        """A tool call's result in a few lines (a file change as its diff, unless asked about), and its time."""
+        """A tool call's result in a few lines (a file change as its diff, unless asked about), and its time; an Agent
+        call's as a count of its sub-agent's calls, drawn over their lines when nothing was drawn below them."""
         label, started, asked, (existed, old), args = self.calls.pop(event["id"])
         seconds = ended - started - (self.asked - asked)
         name, path = event["name"], str(args.get("file_path"))
@@ -8342,10 +8380,15 @@ class Display(Reporter):
             if asked == self.asked and after is not None and (old is not None or not existed):  # not asked: shown now
                 old = None if old is None else old.decode(errors="replace")
                 rows += shown_diff(path, old, after.decode(errors="replace"), self.fancy).split("\n")
-        rows[0] += self.paint(f" ({seconds:.1f} s)", "grey")
-        head = "" if self.shown == event["id"] else self.paint("● ", "green") + self.paint(label, "bold") + "\n"
+        uses, (below, up) = self.agents.uses.pop(event["id"], None), self.agents.below  # uses: None but for Agent
+        rows = ["Done"] * (uses is not None and not event["is_error"]) + rows
+        took = f"{seconds:.1f} s" if uses is None else f"{uses} tool use{'s' * (uses != 1)} · {seconds:.1f} s"
+        rows[0] += self.paint(f" ({took})", "grey")
+        over = f"\033[{up}A\r\033[J" if below == event["id"] and up and self.fancy else ""  # its calls' lines
+        head = "" if below == event["id"] or (self.shown == event["id"] and not uses) else \
+            self.paint("● ", "green") + self.paint(label, "bold") + "\n"
         rows = [self.paint(row, "red") if event["is_error"] else row for row in rows]
-        self.put(head + "\n".join(("  ⎿ " if i == 0 else "    ") + row for i, row in enumerate(rows)) + "\n")
+        self.put(over + head + "\n".join(("  ⎿ " if i == 0 else "    ") + row for i, row in enumerate(rows)) + "\n")
         self.shown = event["id"]
         self.working("thinking" if not self.calls else self.activity)
 
@@ -9081,7 +9124,7 @@ class Session:
         foreground, then background shells), then this turn's results (at the prompt: the last turn's that ran one)."""
         display, shells = self.display, list(self.agent.shells.shells.items())
         running = [(f"{label} (running)", out.text()) for call_id, out in list((self.agent.ctx.running or {}).items())
-                   if (label := display.calls.get(call_id, (None,))[0])]
+                   if (label := display.calls.get(call_id, (display.agents.running.get(call_id),))[0])]
         return running + [(f"{shell_id}: {one_line(shell.command, 60)} (running in the background)", shell.so_far())
                           for shell_id, shell in shells[::-1] if shell.exited() is None] + display.results[::-1]
 

@@ -1,9 +1,10 @@
-"""What a session shows of tool results (issue 33, fault 7): previews that say how many lines they hide, Ctrl-O's list
-of this turn's results and running commands."""
+"""What a session shows of tool results (issue 33, faults 7 and 12): previews that say how many lines they hide, Ctrl-O's
+list of this turn's results and running commands, and a sub-agent's calls under its Agent call's line."""
 
 from __future__ import annotations
 
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +70,11 @@ def test_the_cut_markers_count_the_line_breaks_they_take():
 def test_a_glob_that_stopped_counts_every_file_it_found():
     content = "\n".join(f"f{i}" for i in range(100)) + "\n[150 more files not shown (250 in all); narrow the search]"
     assert agent.result_summary("Glob", {}, content) == ["250 files"]
+
+
+def test_a_tool_line_shows_its_main_argument_not_json():
+    assert agent.call_label("Agent", {"description": "look around", "prompt": "p"}) == "Agent(look around)"
+    assert agent.call_label("BashOutput", {"bash_id": "bash_1"}) == "BashOutput(bash_1)"
 
 
 # --- Ctrl-O: this turn's results, and running commands' output so far --------------------------------
@@ -149,3 +155,83 @@ def test_ctrl_o_lists_a_background_shells_output_so_far(serve, terminal, workspa
     term.expect(DRAWN_PROMPT)
     term.send("/exit\r")
     assert term.wait() == 0
+
+
+# --- A sub-agent's calls under its Agent call's line ----------------------------------------------------
+
+
+def sub_agents(release: threading.Event | None = None, calls: int = 2):
+    """A model whose prompt starts one sub-agent per word of the prompt; each runs `calls` commands, one at a time (the
+    second once `release` is set), then answers in three lines."""
+    def model(body):
+        task, done = body["messages"][1]["content"], tools_done(body)
+        if task.startswith("sub "):
+            if done < calls:
+                if done == 1 and release:
+                    assert release.wait(20)
+                return reply(tool_calls=[call("Bash", {"command": f"echo {task[4:]}-{done + 1}"})])
+            return reply(f"{task[4:]} found it\nsecond line\nthird line")
+        if done == 0:
+            return reply(tool_calls=[call("Agent", {"description": word, "prompt": f"sub {word}"})
+                                     for word in body["messages"][-1]["content"].split()])
+        return reply("all done")
+    return model
+
+
+def test_a_sub_agents_calls_show_under_its_line_then_collapse_to_a_count(serve, terminal):
+    release = threading.Event()
+    server = serve(sub_agents(release))
+    term = terminal(server, "--yes", term="xterm", env=pager_env(server, "cat"))
+    term.send("look\r")
+    term.expect(r"\x1b\[1mAgent\(look\)\x1b\[0m\r\n")
+    term.expect(r"\x1b\[90m  ⎿ Bash\(echo look-1\)\x1b\[0m\r\n")  # as it happens: the sub-agent is still at work
+    release.set()
+    shown = term.expect("all done")
+    assert "Agent({" not in term.transcript
+    drawn = re.search(r"  ⎿ Bash\(echo look-2\)\x1b\[0m\r\n(.*?)  ⎿ Done", shown, re.DOTALL)
+    assert drawn and drawn.group(1).endswith("\x1b[2A\r\x1b[J")  # over its two lines: nothing was drawn below
+    assert re.search(r"  ⎿ Done\x1b\[90m \(2 tool uses · \d+\.\d s\)\x1b\[0m\r\n    look found it\r\n"
+                     r"    … \+2 lines \(ctrl-o to expand\)\r\n", shown)
+    term.expect(DRAWN_PROMPT)
+    term.send("\x0f")  # the sub-agent's own results are this turn's too
+    rows = picker(term, "Show which result (3/3; type to narrow, ↑↓, Enter, Esc): ")
+    assert rows[1:4] == ["❯ ● Agent(look) — look found it", "  ● look › Bash(echo look-2) — look-2",
+                         "  ● look › Bash(echo look-1) — look-1"]
+    term.send("\r")
+    term.expect(r"Agent\(look\)\r\nlook found it\r\nsecond line\r\nthird line")
+    term.expect(DRAWN_PROMPT)
+
+
+def test_sub_agents_side_by_side_name_their_calls_when_they_interleave(serve, terminal):
+    beta_done = threading.Event()
+    plain = sub_agents(calls=1)
+
+    def model(body):
+        task = body["messages"][1]["content"]
+        if task == "sub alpha" and tools_done(body) == 0:
+            assert beta_done.wait(20)  # alpha's call comes after beta's: under beta's line, so it names alpha
+        if task == "sub beta" and tools_done(body) == 1:
+            beta_done.set()
+        return plain(body)
+
+    server = serve(model)
+    term = terminal(server, "--yes", term="xterm")
+    term.send("alpha beta\r")
+    shown = term.expect("all done")
+    plain_text = re.sub(r"\x1b\[[0-9;]*m|\r\x1b\[K", "", re.sub(r"\x1b\[90m[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏][^\x1b]*\x1b\[0m", "", shown))
+    assert plain_text.index("● Agent(alpha)") < plain_text.index("● Agent(beta)\r\n  ⎿ Bash(echo beta-1)\r\n")
+    assert "  ⎿ alpha › Bash(echo alpha-1)\r\n" in plain_text
+    for word in ("alpha", "beta"):  # each ends as a line of its own, under its Agent line again
+        assert re.search(rf"● Agent\({word}\)\r\n  ⎿ Done \(1 tool use · \d+\.\d s\)\r\n    {word} found it\r\n",
+                         plain_text)
+    assert "A\r\x1b[J" not in shown  # nothing was drawn over
+
+
+def test_a_sub_agents_calls_on_a_dumb_terminal_are_plain_lines(serve, terminal):
+    server = serve(sub_agents(calls=1))
+    term = terminal(server, "--yes")
+    term.send("look\r")
+    shown = term.expect("all done")
+    assert re.search(r"● Agent\(look\)\r\n  ⎿ Bash\(echo look-1\)\r\n  ⎿ Done \(1 tool use · \d+\.\d s\)\r\n"
+                     r"    look found it\r\n    … \+2 lines \(ctrl-o to expand\)\r\n", shown)
+    assert "\x1b" not in shown
