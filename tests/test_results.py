@@ -157,6 +157,22 @@ def test_ctrl_o_lists_a_background_shells_output_so_far(serve, terminal, workspa
     assert term.wait() == 0
 
 
+def test_ctrl_o_at_the_prompt_of_a_dumb_terminal_asks_by_number(serve, terminal):
+    def model(body):
+        done = tools_done(body)
+        return reply(tool_calls=[call("Bash", {"command": f"echo result-{done + 1}"})]) if done < 2 else reply("ok")
+
+    server = serve(model)
+    term = terminal(server, "--yes", env=pager_env(server, "cat"))
+    term.ask("go", "ok")
+    term.send("\x0f")
+    shown = term.expect(r"Show which result \(1-2\)\? ")
+    assert re.search(r" 1\. ● Bash\(echo result-2\) — result-2\r\n.* 2\. ● Bash\(echo result-1\) — result-1", shown)
+    term.send("2\r")
+    term.expect(r"Bash\(echo result-1\)\r\nresult-1")
+    term.expect(DRAWN_PROMPT)
+
+
 # --- A sub-agent's calls under its Agent call's line ----------------------------------------------------
 
 
