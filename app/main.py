@@ -8708,7 +8708,7 @@ class Picker:
         it; elsewhere by its number, words typed instead narrowing the list."""
         if not rows:
             raise UsageError("there is nothing to choose from")
-        if self.live():
+        if self.keys.fd is not None and self.env.get("TERM", "dumb") not in ("", "dumb"):
             return self.pick_live(rows, question)
         words = ""
         while shown := narrowed(rows, words)[:10]:
@@ -8721,10 +8721,6 @@ class Picker:
             if not (words := answer):
                 break
         raise UsageError("nothing was chosen")
-
-    def live(self) -> bool:
-        """Whether the list is drawn live (a terminal that can redraw it), not asked for by its number."""
-        return self.keys.fd is not None and self.env.get("TERM", "dumb") not in ("", "dumb")
 
     def pick_live(self, rows: list[str], question: str) -> int:
         """A row picked with the arrows and Enter on a screen of its own, the list narrowed at each key typed
@@ -8771,6 +8767,10 @@ class Picker:
         body = [self.display.paint(f"❯ {row}"[:columns - 1], "cyan") if i == at else f"  {row}"[:columns - 1]
                 for i, row in enumerate(rows[top:top + room], start=top)]
         return f"\033[H\033[J{head}" + "".join(f"\n{row}" for row in body) + f"\033[1;{len(head) + 1}H"
+
+    def live(self) -> bool:
+        """Whether the list is drawn live (a terminal that can redraw it), not asked for by its number."""
+        return self.keys.fd is not None and self.env.get("TERM", "dumb") not in ("", "dumb")
 
 
 # --- Session --------------------------------------------------------------------------------------
