@@ -287,9 +287,10 @@ class Terminated(BaseException):
 # --- Bounded output -------------------------------------------------------------------------------
 
 
-def omitted(count: int, unit: str) -> str:
-    """The one marker every truncated result carries."""
-    return f"\n[... {count} {unit} omitted ...]\n"
+def omitted(count: int, unit: str, lines: int = 0) -> str:
+    """The one marker every truncated result carries, with the line breaks the cut took when it took any (a preview
+    counts the lines it hides from it: see result_summary)."""
+    return f"\n[... {f'{lines} lines, ' * bool(lines)}{count} {unit} omitted ...]\n"
 
 
 def clip(text: str, limit: int = RESULT_LIMIT) -> str:
@@ -297,19 +298,20 @@ def clip(text: str, limit: int = RESULT_LIMIT) -> str:
     if len(text) <= limit:
         return text
     half = limit // 2
-    return text[:half] + omitted(len(text) - 2 * half, "characters") + text[-half:]
+    return text[:half] + omitted(len(text) - 2 * half, "characters", text.count("\n", half, -half)) + text[-half:]
 
 
 class HeadTail:
     """Keeps the first and last `keep` bytes of a stream of any size, in flat memory."""
 
     def __init__(self, keep: int):
-        self.keep, self.total = keep, 0
+        self.keep, self.total, self.lines = keep, 0, 0  # bytes and line breaks taken
         self.head, self.tail = bytearray(), bytearray()
 
     def feed(self, data: bytes) -> None:
         """Take the next chunk of the stream."""
         self.total += len(data)
+        self.lines += data.count(b"\n")
         room = self.keep - len(self.head)
         if room > 0:
             self.head += data[:room]
@@ -319,10 +321,12 @@ class HeadTail:
             del self.tail[: len(self.tail) - self.keep]
 
     def text(self) -> str:
-        """The kept bytes as text, with a marker where the middle was dropped."""
-        gap = self.total - len(self.head) - len(self.tail)
-        middle = omitted(gap, "bytes") if gap else ""
-        return self.head.decode(errors="replace") + middle + self.tail.decode(errors="replace")
+        """The kept bytes as text, with a marker where the middle was dropped (read while another thread feeds it: a
+        command's output so far)."""
+        head, tail = bytes(self.head), bytes(self.tail)
+        gap, breaks = self.total - len(head) - len(tail), self.lines - head.count(b"\n") - tail.count(b"\n")
+        middle = omitted(gap, "bytes", max(breaks, 0)) if gap > 0 else ""
+        return head.decode(errors="replace") + middle + tail.decode(errors="replace")
 
 
 # --- Processes and signals ------------------------------------------------------------------------
@@ -1835,6 +1839,7 @@ class ToolContext(NamedTuple):
     pages: dict | None = None  # the run's fetched pages: URL -> (monotonic time, final URL, text); None: none kept
     call_id: str = ""  # the id of the call being run (a sub-agent's messages name their Agent call)
     editor: Any = None  # ACP mode's EditorFiles: text files read and written through the editor; None: the disk
+    running: dict | None = None  # a foreground command's call id -> its output so far (a session's Ctrl-O shows it)
 
 
 class Tool(NamedTuple):
@@ -2226,6 +2231,7 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, ru
         return start_shell(ctx, command)
     timeout = min(timeout, BASH_MAX_TIMEOUT_MS) if timeout > 0 else BASH_TIMEOUT_MS
     out, notes, proc, closed = HeadTail(RESULT_LIMIT // 2 - 200), [], None, False  # room for the notes
+    (ctx.running if ctx.running is not None else {})[ctx.call_id] = out  # a session's turn forgets it if this fails
     undone = ctx.guard.undo() if ctx.guard else []  # guarded files a background process changed since the last command
     read_fd, write_fd = os.pipe()
     try:
@@ -2260,6 +2266,7 @@ def tool_bash(ctx: ToolContext, command: str, timeout: int = BASH_TIMEOUT_MS, ru
         ctx.leftovers.add(read_fd)
     if signal_command(proc, 0):
         notes.append(f"[the shell exited; background processes are still running (process group {proc.pid})]")
+    (ctx.running or {}).pop(ctx.call_id, None)
     text = out.text()
     notes.append(f"[exit code {code}]" + (ctx.sandbox.note(text, code) if ctx.sandbox else ""))
     notes += [undone_note(undone)] if ctx.guard and (undone := undone + ctx.guard.undo()) else []
@@ -3021,6 +3028,7 @@ class Shell:
         self.command, self.proc, self.ended = command, proc, False  # ended: KillShell (or the end of solo) reaped it
         self.out, self.lock, self.fd, self.pumping = HeadTail(RESULT_LIMIT // 2 - 200), threading.Lock(), \
             proc.stdout.fileno(), True  # pumping: until every writer has closed the pipe
+        self.seen = HeadTail(self.out.keep)  # all it wrote, read or not: what a session's Ctrl-O shows
         self.watch = watch
         os.set_blocking(self.fd, False)  # a read never waits: take() may have emptied the pipe first
         threading.Thread(target=self.pump, daemon=True).start()
@@ -3050,6 +3058,7 @@ class Shell:
             except BlockingIOError:
                 return 0
             self.out.feed(chunk)
+            self.seen.feed(chunk)
             return len(chunk) if chunk else None
 
     def check(self) -> None:
@@ -3057,6 +3066,13 @@ class Shell:
         with contextlib.suppress(Exception):
             if self.watch:
                 self.watch()
+
+    def so_far(self) -> str:
+        """All the shell wrote so far (its head and tail, and what the pipe holds now), left for BashOutput to take."""
+        while self.pull(1 << 16):
+            pass
+        with self.lock:
+            return self.seen.text()
 
     def take(self) -> tuple[str, str]:
         """The state (running / exit code) and what arrived since the last take (once the shell ended, all it wrote:
@@ -6689,7 +6705,7 @@ class Agent:
         self.ctx = ToolContext(cfg.cwd, tool_env, self.skills, self.permit, self.fork, Leftovers(), sandbox=sandbox,
                                spawner=self.spawner, guard=self.guard, emit=emit, shells=self.shells,
                                delegate=self.delegate, side=self.side, blind=self.blind, pages={}, zygote=self.zygote,
-                               image_side=lambda: side_limit(self.cfg.model))
+                               image_side=lambda: side_limit(self.cfg.model), running={})
         project = project_servers(self.trust.servers, env, cfg.pass_env, self.notice)
         self.servers = start_mcp(cfg, [*cfg.mcp, *project], tool_env, emit, sandbox.spawner if sandbox else
                                  self.zygote, relay)  # confined too; relay: SDK mode's in-process servers
@@ -8107,25 +8123,63 @@ def remove_folders(made: Iterable[str]) -> list[str]:
 
 
 def call_label(name: str, args: dict) -> str:
-    """A tool call's line: its name and its main argument (a command, a path, a pattern, a URL), cut short."""
-    what = next((args[k] for k in ("command", "file_path", "pattern", "url") if isinstance(args.get(k), str)),
+    """A tool call's line: its name and its main argument (a command, a path, a pattern, a URL, a sub-agent's task),
+    cut short."""
+    what = next((args[k] for k in ("command", "file_path", "pattern", "url", "notebook_path", "query", "bash_id",
+                                   "shell_id", "skill", "description") if isinstance(args.get(k), str)),
                 json.dumps(args, ensure_ascii=False))
     return f"{name}({visible(one_line(what, 80))})"
 
 
+def call_args(event: dict) -> dict:
+    """A call event's arguments ({} when they are not a JSON object)."""
+    try:
+        return parse_arguments(event["arguments"])
+    except ValueError:
+        return {}
+
+
+def result_lines(content: str) -> tuple[list[str], int]:
+    """A result's lines, the markers where its middle was cut (see omitted) left out, and how many lines more it had
+    before the cuts: each took its line breaks, and joined the two lines it cut into one."""
+    pieces = re.split(r"\n\[\.\.\. (?:(\d+) lines, )?\d+ \w+ omitted \.\.\.\]\n", content)
+    return "\n".join(pieces[::2]).split("\n"), sum(int(breaks or 0) - 1 for breaks in pieces[1::2])
+
+
 def result_summary(name: str, args: dict, content: str) -> list[str]:
-    """A few lines saying what a call gave: output's first and last lines, an error, a Read's range, a count."""
-    lines = re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).split("\n")
+    """A few lines saying what a call gave: a command's first lines, another's first line, then how many more there
+    were (all of them, cut from the result or not); an error, a Read's range, a count."""
+    lines, more = result_lines(re.sub(r"\n\[exit code 0\]$", "", content.rstrip("\n")).rstrip("\n"))
     if name == "Read" and not content.startswith("Error:"):
         count, first = sum(not line.startswith("[Showing") for line in lines), int(args.get("offset") or 1)
         return [f"read lines {first}-{first + count - 1}"]
     if name in ("Grep", "Glob") and not content.startswith(("Error:", "No ")):
         count = sum(bool(line) and not line.startswith("[") for line in lines)
+        count = int(found.group(1)) if (found := re.search(r"\((\d+) in all\); narrow", content)) else count
         return [f"{count} {'line' if name == 'Grep' else 'file'}{'s' * (count != 1)}"]
-    lines = lines if name == "Bash" or content.startswith("Error:") else lines[:1]
-    if len(lines) > RESULT_LINES:
-        lines = [*lines[:RESULT_LINES // 2], f"… +{len(lines) - RESULT_LINES} lines", *lines[-RESULT_LINES // 2:]]
-    return [visible(one_line(line, 200)) for line in lines]
+    shown = RESULT_LINES if name in ("Bash", "BashOutput") or content.startswith("Error:") else 1
+    if len(lines) > shown and re.fullmatch(r"\[(running|exit code -?\d+|killed by signal \d+)\].*", lines[-1]):
+        lines = [lines[-1], *lines[:-1]]  # how the command ended, first: the cut hides the end
+    hidden = len(lines) + more - shown  # of the lines it had: its cuts may have joined two into one
+    rows = lines[:shown] + [f"… +{hidden} lines (ctrl-o to expand)"] * (hidden > 0)
+    return [visible(one_line(line, 200)) for line in rows]
+
+
+class SubAgents:
+    """Sub-agents' calls as a session draws them, under their Agent call's line: how many each made, and the rows
+    their lines take while nothing else is drawn below them (the Agent call's end then draws over them)."""
+
+    def __init__(self) -> None:
+        self.uses: dict[str, int] = {}  # a running Agent call's id -> the calls its sub-agent has made
+        self.running: dict[str, str] = {}  # a sub-agent's running call's id -> its label, named by its sub-agent
+        self.below: tuple[str, int] = ("", 0)  # the Agent call whose lines end the screen; rows under its own
+
+    def line(self, event: dict) -> str:
+        """A sub-agent's call as a line: right under its Agent call's lines, else named by its sub-agent's task."""
+        parent, label = event.get("parent", ""), call_label(event["name"], call_args(event))
+        self.uses[parent] = self.uses.get(parent, 0) + 1
+        self.running[event["id"]] = f"{event['agent']} › {label}"
+        return f"  ⎿ {label}" if self.below[0] == parent else f"  ⎿ {visible(one_line(event['agent'], 40))} › {label}"
 
 
 class Display(Reporter):
@@ -8141,7 +8195,9 @@ class Display(Reporter):
         self.activity, self.since, self.status = "", 0.0, False  # what the status line shows, since when, if shown
         self.tokens = self.chars = 0  # completion tokens of this session's replies; characters of the one coming
         self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
-        self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
+        self.asked, self.shown = 0.0, ""  # seconds at questions; the last call shown
+        self.results: list[tuple[str, str]] = []  # this turn's results, labelled, for Ctrl-O (see keep)
+        self.fresh, self.agents = True, SubAgents()  # fresh: a new turn's first result starts the list anew
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
 
     def paint(self, text: str, *styles: str) -> str:
@@ -8170,7 +8226,7 @@ class Display(Reporter):
 
     def clear(self) -> None:
         """Take the status line off the screen, for something drawn in its place (below the to-do list)."""
-        self.listed = 0
+        self.listed, self.agents.below = 0, ("", 0)
         if self.status:
             self.streams.stderr.write("\r\033[K")
             self.status = False
@@ -8220,13 +8276,15 @@ class Display(Reporter):
         """The turn is over (or cancelled): no status line, half-drawn answer or running call."""
         self.working("")
         self.calls.clear()
-        self.markdown = self.markdown and Markdown()
+        self.markdown, self.fresh, self.agents = self.markdown and Markdown(), True, SubAgents()
 
     def __call__(self, event: dict) -> None:
-        """Take one event, drawing tool calls and the end of a reply (a sub-agent's show as single lines)."""
+        """Take one event, drawing tool calls and the end of a reply (a sub-agent's calls under its Agent call)."""
         now = time.monotonic()  # a call's time ends here, not when the pager lets it be shown
         with self.lock:
             if event.get("agent"):
+                if event["type"] in ("tool_call", "tool_result"):
+                    self.draw_nested(event)
                 return super().__call__(event)
             if event["type"] == "assistant":
                 self.tokens += int((event.get("usage") or {}).get("completion_tokens") or 0) or self.chars // 4
@@ -8281,35 +8339,56 @@ class Display(Reporter):
 
     def start_call(self, event: dict) -> None:
         """A tool call's line, as it starts; a file's content before a change, for its diff."""
-        try:
-            args = parse_arguments(event["arguments"])
-        except ValueError:
-            args = {}
+        args = call_args(event)
         label = call_label(event["name"], args)
         before = file_before(self.cfg.cwd, args)[1:] if event["name"] in ("Write", "Edit") else (False, None)
         self.calls[event["id"]] = (label, time.monotonic(), self.asked, before, args)
         if event["name"] != "TodoWrite":  # drawn as its list
             self.put(self.paint("● ", "green") + self.paint(label, "bold") + "\n")
             self.shown = event["id"]
+        if event["name"] == "Agent":  # its sub-agent's calls go under its line
+            self.agents.uses[event["id"]], self.agents.below = 0, (event["id"], 0)
         self.working(label)
 
+    def draw_nested(self, event: dict) -> None:
+        """A sub-agent's call as a line under its Agent call's (see SubAgents); its result kept for Ctrl-O."""
+        if event["type"] == "tool_result":
+            return self.keep(self.agents.running.pop(event["id"], event["name"]), event["content"])
+        parent, (last, rows) = event.get("parent", ""), self.agents.below
+        line = self.paint(self.agents.line(event), "grey")
+        self.put(line + "\n")
+        self.agents.below = (parent, rows + rows_of(line, self.measure())) if last == parent else ("", 0)
+
+    def keep(self, label: str, content: str) -> None:
+        """Keep a result for Ctrl-O: this turn's, or the last turn's that ran a tool."""
+        if self.fresh:
+            self.results, self.fresh = [], False
+        self.results.append((label, content))
+
     def end_call(self, event: dict, ended: float) -> None:
-        """A tool call's result in a few lines (a file change as its diff, unless asked about), and its time."""
+        """A tool call's result in a few lines (a file change as its diff, unless asked about), and its time; an Agent
+        call's as a count of its sub-agent's calls, drawn over their lines when nothing was drawn below them."""
         label, started, asked, (existed, old), args = self.calls.pop(event["id"])
         seconds = ended - started - (self.asked - asked)
-        name, path, self.last = event["name"], str(args.get("file_path")), f"{label}\n{event['content']}"
+        name, path = event["name"], str(args.get("file_path"))
         if name == "TodoWrite" and not event["is_error"]:  # its list says it
             return self.working("thinking" if not self.calls else self.activity)
+        self.keep(label, event["content"])
         rows = result_summary(name, args, event["content"])
         if name in ("Write", "Edit") and not event["is_error"]:
             rows, after = [f"{'changed' if existed else 'created'} {visible(path)}"], file_before(self.cfg.cwd, args)[2]
             if asked == self.asked and after is not None and (old is not None or not existed):  # not asked: shown now
                 old = None if old is None else old.decode(errors="replace")
                 rows += shown_diff(path, old, after.decode(errors="replace"), self.fancy).split("\n")
-        rows[0] += self.paint(f" ({seconds:.1f} s)", "grey")
-        head = "" if self.shown == event["id"] else self.paint("● ", "green") + self.paint(label, "bold") + "\n"
+        uses, (below, up) = self.agents.uses.pop(event["id"], None), self.agents.below  # uses: None but for Agent
+        rows = ["Done"] * (uses is not None and not event["is_error"]) + rows
+        took = f"{seconds:.1f} s" if uses is None else f"{uses} tool use{'s' * (uses != 1)} · {seconds:.1f} s"
+        rows[0] += self.paint(f" ({took})", "grey")
+        over = f"\033[{up}A\r\033[J" if below == event["id"] and up and self.fancy else ""  # its calls' lines
+        head = "" if below == event["id"] or (self.shown == event["id"] and not uses) else \
+            self.paint("● ", "green") + self.paint(label, "bold") + "\n"
         rows = [self.paint(row, "red") if event["is_error"] else row for row in rows]
-        self.put(head + "\n".join(("  ⎿ " if i == 0 else "    ") + row for i, row in enumerate(rows)) + "\n")
+        self.put(over + head + "\n".join(("  ⎿ " if i == 0 else "    ") + row for i, row in enumerate(rows)) + "\n")
         self.shown = event["id"]
         self.working("thinking" if not self.calls else self.activity)
 
@@ -8417,7 +8496,7 @@ SESSION_COMMANDS = {  # the session's own commands, for /help, Tab and "did you 
     "/cost": "requests, tokens and cost so far", "/compact [FOCUS]": "summarise the conversation so far",
     "/init": "ask the model to write or improve CLAUDE.md for this project",
     "/rewind": "go back to before an earlier prompt: conversation, files or both (Esc Esc)",
-    "/expand": "the last tool result whole, in a pager (Ctrl-O, during a turn too)",
+    "/expand": "a result of the last turn, or a running command's output, whole in a pager (Ctrl-O, in a turn too)",
     "/sessions": "this directory's sessions", "/resume": "go on with one of them", "/mcp": "the MCP servers",
     "/permissions": "the permission rules in force and where each comes from",
     "/trust": "forget your answers about this folder's .mcp.json servers, outside imports and settings",
@@ -8688,6 +8767,10 @@ class Picker:
         body = [self.display.paint(f"❯ {row}"[:columns - 1], "cyan") if i == at else f"  {row}"[:columns - 1]
                 for i, row in enumerate(rows[top:top + room], start=top)]
         return f"\033[H\033[J{head}" + "".join(f"\n{row}" for row in body) + f"\033[1;{len(head) + 1}H"
+
+    def live(self) -> bool:
+        """Whether the list is drawn live (a terminal that can redraw it), not asked for by its number."""
+        return self.keys.fd is not None and self.env.get("TERM", "dumb") not in ("", "dumb")
 
 
 # --- Session --------------------------------------------------------------------------------------
@@ -9012,21 +9095,38 @@ class Session:
         return answer == "y" if answer else None
 
     def expand(self, lent: Callable[[Any], None] = lambda child: None) -> None:
-        """The last tool result whole, through the pager ($PAGER, or less -R; `lent` is told of it); shown here if
-        that cannot start."""
+        """A result whole, through the pager ($PAGER, or less -R; `lent` is told of it), picked from this turn's and
+        the running commands' (see expandable), the latest first; shown here if the pager cannot start."""
         with self.display.lock:
-            if not self.display.last:
+            if not (choices := self.expandable()):
                 return self.reporter.say("no tool has run yet")
             self.display.clear()
             with contextlib.suppress(OSError, ValueError):
                 self.streams.stdout.flush()
                 self.streams.stderr.flush()
-            text, pager = visible(self.display.last) + "\n", self.env.get("PAGER", "").strip() or "less -R"
+            keys = threading.current_thread() is self.keys.thread  # Ctrl-O in a turn: the keys' thread asks itself
+            try:  # a list only where it can be asked, and with no other thread reading the keys meanwhile
+                with contextlib.nullcontext() if keys else self.keys.reading(False):
+                    label, text = choices[0] if len(choices) == 1 or (keys and not self.picker.live()) else choices[
+                        self.picker.pick([visible(f"● {label} — {one_line(text.strip().partition(chr(10))[0], 70)}")
+                                          for label, text in choices], "Show which result")]
+            except UsageError:  # none was chosen
+                return self.display.draw()
+            text, pager = visible(f"{label}\n{text}") + "\n", self.env.get("PAGER", "").strip() or "less -R"
             if failed := show_paged(text, pager, self.streams.stderr.fileno(), lent):
                 self.reporter.say(failed)
                 if failed.startswith("cannot"):
                     self.display.put(text)
             self.display.draw()
+
+    def expandable(self) -> list[tuple[str, str]]:
+        """What Ctrl-O offers, labelled, the latest first: commands running now with their output so far (in the
+        foreground, then background shells), then this turn's results (at the prompt: the last turn's that ran one)."""
+        display, shells = self.display, list(self.agent.shells.shells.items())
+        running = [(f"{label} (running)", out.text()) for call_id, out in list((self.agent.ctx.running or {}).items())
+                   if (label := display.calls.get(call_id, (display.agents.running.get(call_id),))[0])]
+        return running + [(f"{shell_id}: {one_line(shell.command, 60)} (running in the background)", shell.so_far())
+                          for shell_id, shell in shells[::-1] if shell.exited() is None] + display.results[::-1]
 
     def prompt_for(self, line: str) -> tuple[str, Command | None]:
         """What a line sends (/init's request, a custom command's text, @paths attached, !outputs), and its command."""
@@ -9140,6 +9240,7 @@ class Session:
         finally:
             self.agent.cfg = self.agent.cfg._replace(model=model)
             self.revoke(granted)
+            (self.agent.ctx.running or {}).clear()  # a command a cancel cut short is not running
         self.display.end_turn()
         with contextlib.suppress(KeyboardInterrupt):  # the turn is done: Ctrl-C only cuts the printing
             if outcome.subtype != "success":
