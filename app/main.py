@@ -8871,7 +8871,7 @@ class Commands:
     def rewind(self) -> None:
         """Go back to before an earlier prompt: the conversation, the files Write, Edit and NotebookEdit changed, or
         both."""
-        prompts = [(i, m) for i, m in enumerate(self.session.messages) if prompt_id(m)][-9:]
+        prompts = [(i, m) for i, m in enumerate(self.session.messages) if prompt_id(m)][-9:][::-1]  # the latest first
         changed = [len({c["path"] for c in self.checkpoints if c["prompt_id"] >= prompt_id(m)}) for _, m in prompts]
         index, message = prompts[self.picker.pick([visible(one_line(content_text(m), 70)) + (
             f"  [{n} file{'s' * (n != 1)} changed since]" if n else "") for (_, m), n in zip(prompts, changed)],

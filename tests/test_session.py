@@ -560,9 +560,9 @@ def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, ter
     term.expect("did two")  # the last exchange is shown
     term.expect(PROMPT)
     term.send("\x1b\x1b")  # Esc Esc at an empty prompt: /rewind, at once even with Debian's inputrc ("\e\e[C")
-    term.expect(r"1\. one  \[2 files changed since\]")
+    term.expect(r"1\. two  \[1 file changed since\]\r\nsolo:  2\. one  \[2 files changed since\]")  # the latest first
     term.expect(r"Go back to before which prompt \(1-2\)\? ")
-    term.send("1\r")
+    term.send("2\r")
     term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
     term.send("b\r")
     term.expect("Files changed by commands")
@@ -570,6 +570,34 @@ def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, ter
     assert (workspace / "a.txt").read_text() == "original\n" and not (workspace / "b.txt").exists()
     term.send("\r")  # the prompt rewound to is back in the line
     term.expect("did one with 5 messages")
+
+
+def test_rewind_starts_at_the_latest_prompt_so_enter_rewinds_only_the_last(serve, terminal, workspace):
+    """The picker's mark is on the latest prompt at first: Enter, then b, undoes the last prompt alone."""
+    def model(body):
+        prompt = user_turns(body)[-1]
+        if body["messages"][-1]["role"] == "user" and prompt in ("one", "two"):
+            return reply(tool_calls=[call("Write", {"file_path": "a.txt", "content": f"by {prompt}\n"})])
+        return reply(f"did {prompt} with {len(body['messages'])} messages")
+
+    server = serve(model)
+    term = terminal(server, "--yes", term="xterm")
+    for prompt in ("one", "two"):
+        term.send(f"{prompt}\r")
+        term.expect(f"did {prompt}")
+        term.expect(DRAWN_PROMPT)
+    term.send("/rewind\r")
+    rows = picker(term, "Go back to before which prompt (2/2; type to narrow, ↑↓, Enter, Esc): ")
+    assert rows[1].startswith("❯ two") and rows[2].startswith("  one")
+    term.send("\r")
+    term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
+    term.send("b\r")
+    term.expect("Files changed by commands")
+    term.expect(DRAWN_PROMPT)
+    assert (workspace / "a.txt").read_text() == "by one\n"
+    term.send("\r")  # "two" is back in the line
+    term.expect("did two with 8 messages")  # "one"'s 4 are kept: only the last prompt was undone
+    assert user_turns(server.bodies[-1]) == ["one", "two"]
 
 
 def six_files(body: dict) -> dict:
@@ -644,7 +672,7 @@ def test_rewind_keeps_a_folder_it_made_where_a_file_was_put_since(tmp_path):
     session = type("S", (), {"reporter": type("R", (), {"say": staticmethod(said.append)})(), "checkpoints": [
         {"prompt_id": 1, "path": str(tmp_path / "made" / "inner" / "new.txt"), "exists": False, "bytes": None,
          "folder": str(tmp_path / "made")}]})()
-    agent.Session.restore(session, 1)
+    agent.Commands.restore(session, 1)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["made", "made/yours.txt"]
     assert said[0].startswith(f"restored: {tmp_path}/made/inner/new.txt. Files changed by commands")
 
@@ -682,9 +710,9 @@ def test_rewind_restores_notebooks_byte_for_byte_after_a_resume_even_deleted_or_
     term = terminal(server, "--yes", "-c", first="resumed [0-9a-f-]+: ")
     term.expect(PROMPT)
     term.send("/rewind\r")
-    term.expect(r"1\. one  \[3 files changed since\]")
+    term.expect(r"2\. one  \[3 files changed since\]")
     term.expect(r"Go back to before which prompt \(1-2\)\? ")
-    term.send("1\r")
+    term.send("2\r")
     term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
     term.send("f\r")
     term.expect("Files changed by commands")
