@@ -4756,11 +4756,25 @@ def expands(part: str) -> bool:
     return False
 
 
+def running(part: str) -> str:
+    """The command a part of a command line runs, the shell's keywords before it taken off (`do echo x`: `echo x`,
+    `a) echo x` in a case: `echo x`); "" for a part that runs none (`done`, `fi`, a loop's or a case's head)."""
+    words = part.split(" ")
+    while words and words[0] in ("if", "then", "else", "elif", "do", "while", "until", "!"):
+        words = words[1:]
+    if words[:1] == ["case"]:  # its head, up to `in`, then its first pattern
+        words = words[words.index("in") + 1:] if "in" in words else []
+    if words and re.fullmatch(r"\(?[^()\s]+\)", words[0]):  # a case's pattern: `a)`, `*.txt)`
+        words = words[1:]
+    return "" if not words or words[0] in ("done", "fi", "esac", "for", "select", "in") else " ".join(words)
+
+
 def bash_allowed(rules: list[Rule], parts: list[str]) -> Rule | None:
-    """The allow rule that lets a Bash command run when every part of it is allowed by some rule; a prefix or
-    wildcard rule does not approve a part with an expansion (Claude Code does not judge what it cannot see)."""
+    """The allow rule that lets a Bash command run when every command it runs is allowed by some rule (the shell's
+    keywords need none); a prefix or wildcard rule does not approve a part with an expansion (Claude Code does not
+    judge what it cannot see)."""
     first = None
-    for part in parts:
+    for part in [p for p in map(running, parts) if p]:
         rule = next((r for r in rules if r.tool == "Bash" and (r.spec is None or bash_matches(r.spec, part) and not (
             "*" in r.spec and expands(part)))), None)
         if rule is None:
@@ -4822,11 +4836,12 @@ def bash_prefix(part: str) -> str | None:
 
 
 def proposed_rules(rules: dict[str, list[Rule]], tool: str, args: dict) -> tuple[str, ...]:
-    """The rules an `always` answer adds: for Bash each part's prefix (`git diff:*`; the exact part where a prefix
-    would allow too much) not yet allowed, for file changes every edit (Edit covers Write), else the tool."""
+    """The rules an `always` answer adds: for Bash each command's prefix (`git diff:*`; the exact command where a
+    prefix would allow too much; a loop's commands, never its keywords) not yet allowed, for file changes every edit
+    (Edit covers Write), else the tool."""
     if tool == "Bash":
         proposed = []
-        for part in command_parts(str(args.get("command", ""))):
+        for part in [p for p in map(running, command_parts(str(args.get("command", "")))) if p]:
             if not bash_allowed(rules.get("allow", []), [part]):
                 prefix = bash_prefix(part)
                 proposed.append(f"Bash({prefix}:*)" if prefix else f"Bash({part})")

@@ -66,6 +66,26 @@ def test_always_answer_stops_asking(serve, terminal, workspace):
     assert term.wait() == 0
 
 
+def test_always_on_a_loop_offers_the_commands_it_runs_and_the_loop_then_runs_without_asking(serve, terminal,
+                                                                                          workspace):
+    loop = "for f in a b; do touch made; done"
+    def model(body):
+        if sum(1 for m in body["messages"] if m["role"] == "tool") < 2:
+            return reply(tool_calls=[call("Bash", {"command": loop})])
+        return reply("both ran")
+    server = serve(model)
+    term = terminal(server)
+    term.send("go\r")
+    shown = term.expect(r"\[y/n/a/s\] ")
+    assert "a: allow Bash(touch:*) for this session;" in shown and not re.search(r"allow.*Bash\((for|do|done)\b", shown)
+    term.send("a\r")
+    term.expect("both ran")  # the second call of the same loop is allowed by that rule: no question
+    assert "Allow" not in term.seen and (workspace / "made").exists()
+    term.expect(PROMPT)
+    term.send("\x04")
+    assert term.wait() == 0
+
+
 def test_ctrl_c_cancels_a_turn_and_returns_to_the_prompt(serve, terminal, workspace):
     def model(body):
         text = user_turns(body)[-1]
