@@ -8635,15 +8635,15 @@ class Picker:
         self.editor, self.keys, self.streams, self.env = editor, editor.keys, editor.streams, env
         self.reporter = self.display = editor.display
 
-    def pick(self, rows: list[str], question: str) -> int:
+    def pick(self, rows: list[str], question: str, search: list[str] | None = None) -> int:
         """The index of the row the user picks: from a list each key typed narrows, on a terminal that can redraw
-        it; elsewhere by its number, words typed instead narrowing the list."""
+        it; elsewhere by its number, words typed instead narrowing the list (on `search`, each row's text, if given)."""
         if not rows:
             raise UsageError("there is nothing to choose from")
         if self.keys.fd is not None and self.env.get("TERM", "dumb") not in ("", "dumb"):
-            return self.pick_live(rows, question)
+            return self.pick_live(rows, question, search or rows)
         words = ""
-        while shown := narrowed(rows, words)[:10]:
+        while shown := narrowed(search or rows, words)[:10]:
             for number, i in enumerate(shown, start=1):
                 self.reporter.say(f"{number:2}. {rows[i]}")
             answer = self.editor.read_line(f"{question} (1-{len(shown)})? ",
@@ -8654,7 +8654,7 @@ class Picker:
                 break
         raise UsageError("nothing was chosen")
 
-    def pick_live(self, rows: list[str], question: str) -> int:
+    def pick_live(self, rows: list[str], question: str, search: list[str]) -> int:
         """A row picked with the arrows and Enter on a screen of its own, the list narrowed at each key typed
         (Backspace widens it) and redrawn when the terminal is resized; Esc or Ctrl-D picks none."""
         import termios
@@ -8662,7 +8662,7 @@ class Picker:
         decoder, size, saved = codecs.getincrementaldecoder("utf-8")(errors="ignore"), (80, 24), termios.tcgetattr(fd)
         try:
             while True:
-                shown = narrowed(rows, words)
+                shown = narrowed(search, words)
                 at = max(0, min(at, len(shown) - 1))
                 if not keys:
                     if recbreak(fd, saved) or not drawn:  # at first, and drawn anew after Ctrl-Z and fg
@@ -8708,10 +8708,11 @@ INIT_PROMPT = ("Write a short CLAUDE.md in the working directory (or improve the
                "how to build, test (one test too) and lint, and the architecture that takes several files to see.")
 
 
-def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
-    """A transcript's first and last prompt, whether it ended unanswered, and the checkpoints of the prompts its
-    conversation holds (a compaction keeps them: its summary names the latest prompt it stands for)."""
-    first, last, role, kept, ids = "", "", "", [], []
+def read_record(path: Path) -> tuple[str, str, bool, list[dict], str]:
+    """A transcript's first and last prompt, whether it ended unanswered, the checkpoints of the prompts its
+    conversation holds (a compaction keeps them: its summary names the latest prompt it stands for), and the text of
+    every prompt (each cut at 2,000 characters) for /resume to narrow on."""
+    first, last, role, kept, ids, said = "", "", "", [], [], []
     with contextlib.suppress(OSError), open(path, "rb") as f:
         for line in f:
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -8719,9 +8720,10 @@ def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
                     entry = json.loads(line)
                     role = entry.get("role", role)
                     last = one_line(content_text(entry), 60) if entry.get("role") == "user" else last
+                    said += [content_text(entry)[:2000]] if entry.get("role") == "user" else []
                     first = first or last
                     kept = replay_checkpoints(entry, kept, ids)
-    return first, last, role != "assistant", kept
+    return first, last, role != "assistant", kept, "\n".join(said)
 
 
 class Commands:
@@ -8931,11 +8933,12 @@ class Commands:
     def resume_picked(self) -> None:
         """Go on with a session the user picks (not this one, failed runs last); on any failure this one goes on."""
         sessions, current = Sessions(self.agent.cfg), self.agent.cfg.session_id
-        found = sorted(((path, *read_record(path)[:3]) for path in sessions.recent(asked=True) if path.stem != current),
+        found = sorted(((path, *read_record(path)) for path in sessions.recent(asked=True) if path.stem != current),
                        key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
         rows = [visible(sessions.describe(path) + (f" … {last}" if last != first else "")) +
-                " (ended without an answer)" * failed for path, first, last, failed in found]
-        path, messages = found[self.picker.pick(rows, "Resume which")][0], self.session.messages
+                " (ended without an answer)" * failed for path, first, last, failed, _, _ in found]
+        search = [f"{row}\n{said}" for row, (*_, said) in zip(rows, found)]  # words typed match any of its prompts
+        path, messages = found[self.picker.pick(rows, "Resume which", search)][0], self.session.messages
         self.agent.use_session(path.stem)
         try:
             self.session.messages = self.agent.conversation(path)

@@ -955,6 +955,34 @@ def test_the_resume_picker_narrows_the_list_at_each_key_typed_and_widens_it_at_b
     assert user_turns(server.bodies[-1]) == ["beta question", "next"]
 
 
+@pytest.mark.parametrize("term_name", ["xterm", "dumb"])
+def test_resume_narrows_on_any_prompt_of_a_session_not_only_its_first_and_last(serve, terminal, workspace, term_name):
+    server = serve(lambda body: reply(f"answered {user_turns(body)[-1]}"))
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k",
+           "SOLO_HOME": str(workspace.parent / "solo-home")}
+    for prompts in (["apples first", "the middle kiwi prompt", "apples last"], ["plums first", "plums last"]):
+        term = terminal(server, env=env)
+        for prompt in prompts:
+            term.ask(prompt, f"answered {prompt}")
+        term.send("\x04")
+        assert term.wait() == 0
+    term = terminal(server, env=env, term=term_name)
+    term.send("/resume\r")
+    if term_name == "xterm":
+        picker(term, "Resume which (2/2; type to narrow, ↑↓, Enter, Esc): ")
+        term.send("kiwi")  # in neither the first nor the last prompt of its session
+        rows = [row for row in picker(term, "Resume which (1/2; type to narrow, ↑↓, Enter, Esc): kiwi")[1:] if row]
+        assert len(rows) == 1 and rows[0].startswith("❯ ") and "apples first … apples last" in rows[0]
+    else:
+        term.expect(r"Resume which \(1-2\)\? ")
+        term.send("kiwi\r")
+        assert "plums" not in term.expect(r"Resume which \(1-1\)\? ")
+        term.send("1")
+    term.send("\r")
+    term.expect(r"resumed [0-9a-f-]+: 7 messages")
+    term.expect("answered apples last")
+
+
 def test_the_resume_picker_fits_a_small_terminal_and_is_redrawn_when_it_is_resized(serve, terminal, workspace, run):
     import fcntl
     import struct
