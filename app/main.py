@@ -2162,6 +2162,18 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
 
 def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
     """Replace an exact, unique string in a text file, keeping its encoding and line endings."""
+    path, encoding, text, old, new, count = edit_plan(ctx, file_path, old_string, new_string, replace_all)
+    replaced, small = count if replace_all else 1, len(text) <= 1 << 20
+    write_file(ctx, path, encoding.encode(changed := text.replace(old, new, replaced), file_path), file_path)
+    forget_reads(ctx, path)
+    return detailed(f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}", {
+        "filePath": str(path), "oldString": old_string, "newString": new_string, "originalFile": text if small else
+        None, "structuredPatch": patch_hunks(text, changed), "userModified": False, "replaceAll": replace_all})
+
+
+def edit_plan(ctx: ToolContext, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> tuple:
+    """What an Edit would do: the file, its encoding and text, the strings in its line endings and how often the old
+    one is there; ToolError when it cannot apply (checked before the permission question too)."""
     path = existing_file(ctx, file_path)
     if ctx.sandbox:
         ctx.sandbox.check(path, file_path)
@@ -2190,12 +2202,14 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     if count > 1 and not replace_all:
         raise ToolError(f"old_string was found {count} times in {file_path}; add surrounding lines to make it unique, "
                         "or set replace_all to change every one")
-    replaced, small = count if replace_all else 1, len(text) <= 1 << 20
-    write_file(ctx, path, encoding.encode(changed := text.replace(old, new, replaced), file_path), file_path)
-    forget_reads(ctx, path)
-    return detailed(f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}", {
-        "filePath": str(path), "oldString": old_string, "newString": new_string, "originalFile": text if small else
-        None, "structuredPatch": patch_hunks(text, changed), "userModified": False, "replaceAll": replace_all})
+    return path, encoding, text, old, new, count
+
+
+def runnable(ctx: ToolContext, tool: str, args: dict) -> None:
+    """ToolError for a call whose input cannot apply (an Edit's file missing, its old_string not there once)."""
+    if tool == "Edit":
+        edit_plan(ctx, str(args.get("file_path", "")), str(args.get("old_string", "")),
+                  str(args.get("new_string", "")), args.get("replace_all") is True)
 
 
 def is_secret(name: str, value: str) -> bool:
@@ -6473,7 +6487,10 @@ def admit(call: dict, tools: dict[str, Tool], ctx: ToolContext, hooks: Hooks | N
         except ToolError as error:
             return call, f"Error: {error} (in the input a PreToolUse hook gave)"
     asked = dict(kwargs)
-    why = ctx.confirm(tool.name, kwargs, verdict.decision, call["id"]) if ctx.confirm else ""
+    try:
+        why = ctx.confirm(tool.name, kwargs, verdict.decision, call["id"]) if ctx.confirm else ""
+    except ToolError as error:  # the call cannot run (an Edit whose text is not in the file): no question was asked
+        return call, f"Error: {error}"
     if not why and kwargs != asked:  # the Agent SDK's can_use_tool allowed it with another input
         call = {**call, "function": {**call["function"], "arguments": json.dumps(kwargs)}}
     return call, denial(why) if why else None
@@ -6906,9 +6923,8 @@ class Agent:
             self.turns += 1
 
     def permit(self, tool: str, args: dict, hint: str = "", call_id: str = "") -> str:
-        """Why a call may not run, by the rules (deny, then ask, then allow), the permission mode, a PreToolUse hook's
-        decision (`hint`: allow skips the question, ask asks) or the user; "" when it may (a Denied answer, the SDK's
-        can_use_tool refusing, is the call's whole result)."""
+        """Why a call may not run: rules (deny, ask, allow), the mode, a PreToolUse `hint` (allow: no question), the
+        user (a Denied answer is the whole result); "" when it may; ToolError, unasked, for a call that cannot run."""
         cfg, known = self.cfg, self.tools.get(tool)
         kind, rule = decide(self.rules, tool, args, cfg.cwd, cfg.home)
         if kind == "deny":
@@ -6927,6 +6943,7 @@ class Agent:
         if not self.ask_user:
             return f"by {rule.text} ({rule.origin}): the rule asks first, and with -p nobody can answer" if rule else \
                 "a PreToolUse hook asks first, and with -p nobody can answer"
+        runnable(self.ctx, tool, args)  # a call that cannot apply fails at once, never asked about
         if self.hooks:
             self.hooks.fire("Notification", {"message": f"solo needs your permission to use {tool}",
                                              "notification_type": "permission_prompt"}, "permission_prompt")

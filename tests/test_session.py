@@ -86,6 +86,36 @@ def test_always_on_a_loop_offers_the_commands_it_runs_and_the_loop_then_runs_wit
     assert term.wait() == 0
 
 
+def test_an_edit_that_cannot_apply_fails_at_once_without_a_question(serve, terminal, workspace):
+    """Issue 33: an Edit whose old_string is not in the file, or not once, or whose file is missing, is not asked
+    about (its diff would be a lie): it fails at once; an Edit that applies is still asked about."""
+    (workspace / "a.txt").write_text("one two two\n")
+    edits = [{"file_path": "a.txt", "old_string": "three", "new_string": "3"},
+             {"file_path": "a.txt", "old_string": "two", "new_string": "2"},
+             {"file_path": "gone.txt", "old_string": "x", "new_string": "y"},
+             {"file_path": "a.txt", "old_string": "one", "new_string": "1"}]
+
+    def model(body):
+        done = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if len(done) < len(edits):
+            return reply(tool_calls=[call("Edit", edits[len(done)])])
+        return reply("results: " + " | ".join(done))
+    server = serve(model)
+    term = terminal(server)
+    term.send("go\r")
+    shown = term.expect(r"Allow Edit\? \[y/n/a\] ")
+    assert shown.count("Allow") == 1 and "change a.txt" in shown and "+1 two two" in shown
+    term.send("n\r")
+    term.expect("results: ")
+    term.expect(PROMPT)
+    results = [m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool"]
+    assert results[0].startswith("Error: old_string was not found in a.txt")
+    assert results[1].startswith("Error: old_string was found 2 times in a.txt")
+    assert results[2].startswith("Error: file not found: gone.txt")
+    assert results[3].startswith("Error: permission denied: the user declined")  # only the last was asked about
+    assert (workspace / "a.txt").read_text() == "one two two\n"
+
+
 def test_ctrl_c_cancels_a_turn_and_returns_to_the_prompt(serve, terminal, workspace):
     def model(body):
         text = user_turns(body)[-1]
