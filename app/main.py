@@ -9099,12 +9099,25 @@ class Session:
         finally:
             self.agent.close("prompt_input_exit")
 
+    def welcome(self) -> None:
+        """The first screen, in three lines: the version, model and folder; the permission mode (a warning when
+        nothing is asked) and the sandbox; the keys."""
+        cfg, mode, paint = self.agent.cfg, self.agent.cfg.permission_mode, self.display.paint
+        said = {"default": "asks before commands and edits", "acceptEdits": "edits run, commands ask",
+                "plan": "read-only, then a plan", "dontAsk": "only what rules allow, never asks",
+                "bypassPermissions": "nothing asks, all runs"}.get(mode, "")
+        line = f"permissions {mode}: {said}"
+        line = paint(f"⚠ {line}", "red") if mode == "bypassPermissions" else line
+        self.display.put(visible(f"solo {VERSION} · model {cfg.model} · {cfg.cwd}") + f"\n{line} · sandbox "
+                         f"{visible(cfg.sandbox)}\n" + paint("/help · Esc stops · Ctrl-O expands · ! shell · @ file · "
+                                                              "Ctrl-D quits", "grey") + "\n")
+
     def loop(self) -> int:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""
         import readline
         self.messages, interrupted = self.agent.conversation(*self.resume), 0.0
         self.editor.setup(self.agent)
-        self.reporter.say(f"solo {VERSION}, model {self.agent.cfg.model}. /help for commands, Ctrl-D to leave.")
+        self.welcome()
         if self.resume[0]:
             self.commands.resumed(self.resume[0])
         while True:

@@ -34,6 +34,26 @@ def test_two_turns_share_context_and_ctrl_d_exits_0(serve, terminal):
     assert term.wait() == 0
 
 
+@pytest.mark.parametrize("args, colour", [((), False), (("--yes",), False), (("--yes",), True)],
+                         ids=["default", "yes-dumb", "yes-xterm"])
+def test_the_first_screen_shows_folder_model_mode_sandbox_and_keys(serve, terminal, workspace, args, colour):
+    server = serve(lambda body: reply("hi"))
+    term = terminal(server, *args, term="xterm" if colour else "dumb")
+    shown = term.transcript.split("> ")[0]
+    lines = [line for line in shown.split("\r\n") if line]
+    assert len(lines) == 3 and all(len(re.sub(r"\x1b\[[0-9;]*m", "", line)) <= 80 for line in lines[1:])  # 80 columns
+    assert str(workspace) in shown and "anthropic/claude-haiku-4.5" in shown and "sandbox off" in shown
+    for key in ("/help", "Esc", "Ctrl-O", "!", "@"):
+        assert key in lines[-1]
+    if args:  # nothing will be asked: a warning that shows, in red where there is colour
+        assert "⚠ permissions bypassPermissions: nothing asks" in shown
+        assert ("\x1b[31m⚠ permissions bypassPermissions" in shown) == colour
+    else:
+        assert "permissions default: asks before commands and edits · sandbox off" in shown and "⚠" not in shown
+    term.send("\x04")
+    assert term.wait() == 0
+
+
 def test_a_confirmation_answered_n_runs_nothing(serve, terminal, workspace):
     server = serve(tool_then([call("Bash", {"command": "touch made"})], lambda body: "result: " + last_result(body)))
     term = terminal(server)
