@@ -58,7 +58,7 @@ Environment:
     MCP_TIMEOUT              seconds an MCP server may take to start (default 10)
     MCP_TOOL_TIMEOUT         seconds one MCP tool call may take (default 120)
     SOLO_DEBUG=1             show Python tracebacks for internal errors
-    NO_COLOR                 set: a session draws no colour, status line or Markdown
+    NO_COLOR                 set: a session draws no colour or Markdown (its status line stays, plain)
     PAGER                    what Ctrl-O and /expand show a whole result with (default less -R)
 
 Exit codes:
@@ -8171,6 +8171,7 @@ class Display(Reporter):
         self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
         self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
+        self.plain = not fancy and env.get("TERM", "dumb") not in ("", "dumb")  # NO_COLOR: a status line, no colour
 
     def paint(self, text: str, *styles: str) -> str:
         """Text in styles, on a terminal that shows them."""
@@ -8210,16 +8211,17 @@ class Display(Reporter):
         return self.width
 
     def draw(self) -> None:
-        """Draw the status line: spinner, what runs, seconds, tokens, how to stop it; not while another thread
-        draws or asks (a question holds the lock while it stops the thread that ticks: that must not wait here)."""
+        """Draw the status line (plain under NO_COLOR): spinner, what runs, seconds, tokens, how to stop it; not over
+        a line of answer still open, nor while another thread draws or asks (a question holds the lock while it stops
+        the thread that ticks: that must not wait here)."""
         if not self.lock.acquire(blocking=False):
             return
         try:
-            if self.fancy and self.activity:
+            if (self.fancy or self.plain) and self.activity and not self.live:
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
                         f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
-                self.streams.stderr.write("\r\033[K" + paint(text[:self.measure() - 1], "grey"))
+                self.streams.stderr.write("\r\033[K" + self.paint(text[:self.measure() - 1], "grey"))
                 self.streams.stderr.flush()
                 self.status = True
         except OSError:

@@ -449,6 +449,20 @@ def test_a_tool_line_shows_while_the_command_runs_then_its_first_and_last_lines(
     term.expect(DRAWN_PROMPT)
 
 
+def test_no_color_keeps_a_plain_status_line(serve, terminal, workspace):
+    """Issue 33: NO_COLOR means no colour, not no progress: the spinner, seconds, tokens and "esc to interrupt" still
+    show while a command runs, with no colour anywhere."""
+    command = "echo started; while [ ! -f go ]; do sleep 0.05; done"
+    server = serve(asks_once([call("Bash", {"command": command})]))
+    term = terminal(server, "--yes", term="xterm", env={**pager_env(server, "cat"), "NO_COLOR": "1"})
+    term.send("run it\r")
+    term.expect(r"\r\x1b\[K[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] Bash\(echo started.*\(\d+s · \d+ tokens · esc to interrupt\)")
+    (workspace / "go").touch()
+    term.expect("done: ")
+    term.expect(DRAWN_PROMPT)
+    assert not re.search(r"\x1b\[[0-9;]*m", term.transcript)  # not one colour
+
+
 def test_an_accepted_edit_shows_a_coloured_diff_and_answers_render_as_markdown(serve, terminal, workspace):
     (workspace / "conf.txt").write_text("mode = safe\nlevel = 1\n")
     answer = ("# Title\nSome **bold** and `code`.\n- item\n```python\ndef f():  # note\n    return 'x'\n```\n"
