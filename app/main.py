@@ -3347,6 +3347,9 @@ def fetch_page(url: str) -> tuple[str, str]:
     return fetch.url, page_body(data, kind, fetch.url, late)
 
 
+NOT_CHARSETS = {"idna", "punycode", "unicode-escape", "raw-unicode-escape", "undefined"}  # Python's, not a page's
+
+
 def page_body(data: bytes, kind: str, url: str, late: bool) -> str:
     """A fetched page's text, cut to WEB_BYTES (`late`: what arrived by the deadline); ToolError for binary content.
     An unknown charset, or one that cannot decode it, is read as UTF-8."""
@@ -3354,8 +3357,9 @@ def page_body(data: bytes, kind: str, url: str, late: bool) -> str:
     if not textual or sniff_encoding(data[:SNIFF_BYTES]) is None:
         raise ToolError(f"{url} is {kind.split(';')[0] or 'binary data'} ({len(data)} bytes), not a page to read")
     charset = re.search(r"charset=([\w-]+)", kind)
-    try:
-        text = data[:WEB_BYTES].decode(charset.group(1) if charset else "utf-8", errors="replace")
+    try:  # a charset Python does not know, cannot decode with, or that no page is written in: UTF-8, as browsers do
+        codec = codecs.lookup(charset.group(1) if charset else "utf-8").name
+        text = data[:WEB_BYTES].decode("utf-8" if codec in NOT_CHARSETS else codec, errors="replace")
     except (LookupError, ValueError):  # ValueError: a codec such as idna that cannot replace what it cannot decode
         text = data[:WEB_BYTES].decode("utf-8", errors="replace")
     text = page_text(text, url) if "html" in kind or re.match(r"\s*<(!doctype|html)", text, re.I) else text

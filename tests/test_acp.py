@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from tests.conftest import PROGRAM
 
 MCP_SERVER = Path(__file__).resolve().with_name("mcp_server.py")
 from tests.fake_openrouter import Raw, Stream, call, last_result, reply, streamed, tool_then
+from tests.test_toolbox import png
 
 
 class Editor:
@@ -378,6 +380,9 @@ def test_a_sub_agents_calls_come_under_its_agent_call(serve, workspace):
     assert ends == [("s1", "completed"), ("a1", "completed")]
 
 
+PIXEL = base64.b64encode(png(1, 1)).decode()  # a real PNG: every image is checked before it is sent
+
+
 def test_prompt_blocks_become_text_mentions_context_and_images(serve, workspace):
     (workspace / "linked.py").write_text("print('linked')\n")
     server = serve(lambda body: reply("seen"))
@@ -387,12 +392,12 @@ def test_prompt_blocks_become_text_mentions_context_and_images(serve, workspace)
         return await conn.prompt(session_id=session.session_id, prompt=[
             text_block("look at"), resource_link_block(name="linked.py", uri=f"file://{workspace}/linked.py"),
             resource_block(embedded_text_resource("file:///elsewhere/notes.md", "an embedded note")),
-            image_block("aGVsbG8=", "image/png")])
+            image_block(PIXEL, "image/png")])
     assert drive(server, workspace, script).stop_reason == "end_turn"
     sent = server.bodies[0]["messages"][-1]["content"]
     text = sent[0]["text"]
     assert "look at" in text and "print('linked')" in text and "an embedded note" in text
-    assert sent[1] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}
+    assert sent[1] == {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}}
 
 
 def test_a_failed_turn_is_an_error_and_the_session_goes_on(serve, workspace):

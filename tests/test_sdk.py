@@ -462,7 +462,7 @@ def test_the_reader_ends_the_queue_whatever_ends_it():
 
 
 def test_set_model_with_a_value_that_is_not_a_name_is_an_error_answer():
-    run = types.SimpleNamespace(changes={})
+    run = types.SimpleNamespace(changes={}, cfg=types.SimpleNamespace(aliases=()))
     sdk, out = link([{"type": "control_request", "request_id": f"r{i}", "request": {"subtype": "set_model", **model}}
                      for i, model in enumerate([{"model": {"a": 1}}, {"model": 7}, {"model": "sonnet"}, {}])],
                     {"set_model": functools.partial(agent.SdkRun.set_model, run)})

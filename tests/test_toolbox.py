@@ -409,10 +409,7 @@ def test_html_becomes_markdown_like_text():
     ("latin-1", "caf\xe9 \xe2\x82\xac"),
 ])
 def test_a_page_in_a_charset_nobody_decodes_falls_back_to_utf8(charset, text):
-    response = requests.models.Response()
-    response.status_code, response.raw = 200, io.BytesIO(b"caf\xe9 \xe2\x82\xac")
-    response.headers["Content-Type"] = f"text/plain; charset={charset}"
-    assert agent.page_body(response, "http://h/p") == text
+    assert agent.page_body(b"caf\xe9 \xe2\x82\xac", f"text/plain; charset={charset}", "http://h/p", False) == text
 
 
 @pytest.fixture
