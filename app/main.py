@@ -8499,6 +8499,17 @@ def narrowed(rows: list[str], words: str) -> list[int]:
     return [i for i, row in enumerate(rows) if all(word in row.lower() for word in words.lower().split())]
 
 
+@functools.cache
+def gnu_readline() -> Any:
+    """GNU readline's own library, for what Python's module does not offer (its terminal modes, a forced redraw);
+    None under libedit."""
+    import ctypes
+    import readline
+    with contextlib.suppress(OSError):
+        return None if "libedit" in (readline.__doc__ or "") else ctypes.CDLL(readline.__file__)
+    return None
+
+
 def command_names(agent: Agent) -> list[str]:
     """Every /name a session knows: its own, custom commands, skills."""
     return [name.split()[0] for name in SESSION_COMMANDS] + [f"/{name}" for name in (*agent.commands, *agent.skills)]
@@ -8561,6 +8572,7 @@ class LineEditor:
         self.streams.stdout.flush()
         main = threading.current_thread() is threading.main_thread()  # sub-agents ask from their own threads
         saved, alarm = os.dup(1), signal.signal(signal.SIGALRM, lambda signum, frame: None) if main else None
+        resumed = signal.signal(signal.SIGCONT, lambda signum, frame: self.redraw()) if main else None
         os.dup2(2, 1)
         # readline's select() sleeps through a Ctrl-C that lands just before it starts: a tick wakes it to see it
         signal.setitimer(signal.ITIMER_REAL, 0.1 * main, 0.1)
@@ -8575,6 +8587,7 @@ class LineEditor:
             if main:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, alarm)
+                signal.signal(signal.SIGCONT, resumed)
             os.dup2(saved, 1)
             os.close(saved)
         if (not history or MARK in line) and line.strip():
@@ -8583,6 +8596,20 @@ class LineEditor:
             with contextlib.suppress(OSError):
                 readline.append_history_file(1, self.history)
         return line
+
+    def redraw(self) -> None:
+        """After Ctrl-Z and fg at a prompt: readline's terminal modes again (the shell put its own: line editing and
+        echo) and the prompt with the line typed so far drawn anew, at the start of the line."""
+        import termios
+        if not (lib := gnu_readline()):
+            return
+        with contextlib.suppress(termios.error, OSError, ValueError):
+            if termios.tcgetattr(self.streams.stdin.fileno())[3] & (termios.ICANON | termios.ECHO):
+                lib.rl_deprep_terminal()  # readline's own saved modes, then its modes again
+                lib.rl_prep_terminal(1)
+            self.streams.stderr.write("\r")
+            self.streams.stderr.flush()
+            lib.rl_forced_update_display()
 
     def idle_notice(self) -> threading.Timer | None:
         """Notification hooks for a prompt left waiting, after Claude Code's messageIdleNotifThresholdMs (60 s)."""
