@@ -1880,14 +1880,20 @@ def shown(ctx: ToolContext, path: Path) -> str:
     return str(path.relative_to(ctx.cwd) if path.is_relative_to(ctx.cwd) else path)
 
 
-def missing_file(ctx: ToolContext, file_path: str, path: Path) -> ToolError:
-    """The error for a path that does not exist, naming close names that do."""
+def close_names(ctx: ToolContext, path: Path) -> list[str]:
+    """The files under the working directory whose paths or names are close to a path that does not exist."""
     import difflib  # only on this error path: it costs start-up time
     names = [shown(ctx, p) for p in itertools.islice(walk_files(ctx.cwd), 5_000)]
     by_name = {os.path.basename(name): name for name in reversed(names)}  # the first path with a name wins
     close = difflib.get_close_matches(shown(ctx, path), names, n=3, cutoff=0.6)
     close += [by_name[n] for n in difflib.get_close_matches(path.name, list(by_name), n=3, cutoff=0.6)]
-    hint = f" Did you mean: {', '.join(dict.fromkeys(close))}?" if close else ""
+    return list(dict.fromkeys(close))
+
+
+def missing_file(ctx: ToolContext, file_path: str, path: Path) -> ToolError:
+    """The error for a path that does not exist, naming close names that do."""
+    close = close_names(ctx, path)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
     return ToolError(f"file not found: {file_path} (working directory: {ctx.cwd}).{hint}")
 
 
@@ -2610,6 +2616,9 @@ def tool_skill(ctx: ToolContext, name: str, arguments: str = "") -> str:
 # --- Custom commands and mentions -----------------------------------------------------------------
 
 
+MENTION = r"(?<!\S)@(\S+)"  # an @path: a word that starts with @
+
+
 class Command(NamedTuple):
     """A custom slash command: a Markdown file in .claude/commands, in Claude Code's format."""
 
@@ -2645,11 +2654,41 @@ def command_grants(cwd: Path, home: Path | None) -> dict[str, list[str]]:
     return {f"/{name}": list(c.allowed) for name, c in theirs.items() if c.allowed and name not in mine}
 
 
+def mentioned(cwd: Path, text: str) -> list[tuple[str, Path | None]]:
+    """Each @path a text mentions, as named (a trailing full stop or bracket left out when only that names something),
+    and the file or folder it names: None when nothing is there."""
+    found = []
+    for word in dict.fromkeys(re.findall(MENTION, text)):
+        names = list(dict.fromkeys((word, word.rstrip(".,;:!?)"))))
+        paths = [(name, Path(cwd, os.path.expanduser(name))) for name in names]
+        found.append(next(((name, path) for name, path in paths if os.path.exists(path)), (names[-1], None)))
+    return found
+
+
+def byte_size(size: int) -> str:
+    """A size in bytes as a person reads it: 812 bytes, 4.2 KB, 1.5 MB."""
+    return f"{size} bytes" if size < 1000 else f"{size / 1000:.1f} KB" if size < 1_000_000 else f"{size / 1e6:.1f} MB"
+
+
+def attachment_note(path: Path) -> str:
+    """What an @path attaches, in a few words: a file's size (and the part sent of a larger one), a folder's entries."""
+    with contextlib.suppress(OSError):
+        if path.is_dir():
+            count = sum(1 for _ in os.scandir(path))
+            return f"a folder of {count} entr{'y' if count == 1 else 'ies'}" + f", {LIST_LIMIT} listed" * (
+                count > LIST_LIMIT)
+        if not path.is_file():
+            return "not attached: not a regular file"
+        size = path.stat().st_size
+        return byte_size(size) + f", its first {byte_size(READ_LIMIT)}" * (size > READ_LIMIT)
+    return "not attached: it cannot be read"
+
+
 def attach_mentions(cwd: Path, text: str, inside: bool = False) -> str:
     """Text with each @path it mentions attached: a file's text (its head), a folder's listing; with `inside`, only
     what lies in the working directory (a command file's mentions: it may be a repository's)."""
     attached = []
-    for word in dict.fromkeys(re.findall(r"(?<!\S)@(\S+)", text)):
+    for word in dict.fromkeys(re.findall(MENTION, text)):
         for name in dict.fromkeys((word, word.rstrip(".,;:!?)"))):
             path = Path(cwd, os.path.expanduser(name))
             if inside and not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(cwd)):
@@ -8533,6 +8572,7 @@ class LineEditor:
         for binding in ("tab: complete", r'"\e\C-m": "\C-v\C-j"', r'"\e\e": "\C-e\C-v\C-_rewind\C-m"',
                         r'"\C-o": "\C-e\C-v\C-_expand\C-m"'):
             readline.parse_and_bind(binding)
+        readline.parse_and_bind("set show-all-if-ambiguous on")  # Tab lists several choices at once, not at a second
         with contextlib.suppress(AttributeError, OSError, ValueError):  # GNU readline: Esc Esc acts at once, even
             if "libedit" not in (readline.__doc__ or ""):  # where an inputrc binds "\e\e[C" and makes it a prefix
                 import ctypes
@@ -9028,6 +9068,7 @@ class Session:
         self.picker = Picker(self.editor, env)
         self.pending: list[str] = []  # `!command` outputs that go with the next prompt
         self.mark = 0  # the identity of this prompt (see prompt_id)
+        self.unsent = ""  # a prompt kept back for an @path that names nothing: Enter on it unchanged sends it
         self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
         self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
         self.commands = Commands(self)
@@ -9099,6 +9140,9 @@ class Session:
         if command:
             line = render_command(command, rest, self.agent.cfg.cwd, functools.partial(inline_output, self.agent))
         else:
+            for name, path in mentioned(self.agent.cfg.cwd, line) if word != "/init" else ():
+                if path:  # each attachment on a line of its own, with its size
+                    self.reporter.say(visible(f"attached @{name} ({attachment_note(path)})"))
             line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
         prompt, self.pending = "\n\n".join([*self.pending, line]), []
         return prompt, command
@@ -9185,6 +9229,8 @@ class Session:
             if not line or self.commands.command(line):
                 return None
             command = self.agent.commands.get(line[1:].partition(" ")[0]) if line.startswith("/") else None
+            if not command and not self.mentions_found(line):
+                return None
             granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
                                          for text in command.allowed) if isinstance(rule, Rule)] if command else []
             self.agent.rules["allow"] += granted  # for this prompt only, its !`lines` included
@@ -9194,6 +9240,22 @@ class Session:
             self.revoke(granted)
             self.reporter.say("cancelled" if isinstance(error, (KeyboardInterrupt, EOFError)) else str(error))
             return None
+
+    def mentions_found(self, line: str) -> bool:
+        """Whether every @path of a prompt names a file or folder; if not, one line for each that does not, with close
+        names, and the prompt is not sent but kept in the line to fix (Enter on it unchanged sends it as it is)."""
+        ctx = self.agent.ctx
+        missing = [name for name, path in mentioned(ctx.cwd, line) if path is None]
+        if not missing or line == self.unsent:
+            self.unsent = ""
+            return True
+        self.unsent = self.editor.prefill = line
+        for i, name in enumerate(missing, start=1):
+            close = close_names(ctx, Path(ctx.cwd, os.path.expanduser(name)))[:3]
+            hint = f" (did you mean {' or '.join('@' + c for c in close)}?)" if close else ""
+            self.reporter.say(visible(f"no file or folder @{name}{hint}") + "; not sent: fix it, or Enter sends it as "
+                              "it is" * (i == len(missing)))
+        return False
 
     def revoke(self, granted: list[Rule]) -> None:
         """Take back the rules a custom command granted for its prompt."""

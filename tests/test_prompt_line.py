@@ -76,3 +76,47 @@ def test_after_ctrl_z_and_fg_the_prompt_and_the_line_typed_so_far_are_drawn_agai
     sh.expect(r"\$ ")
     sh.send("exit\r")
     assert sh.wait() == 0
+
+
+def test_an_at_path_that_names_nothing_is_said_with_close_names_and_the_prompt_waits_in_the_line(serve, terminal,
+                                                                                                workspace):
+    (workspace / "src").mkdir()
+    (workspace / "src" / "main.py").write_text("print(1)\n")
+    (workspace / "notes.md").write_text("n" * 1500)
+    server = serve(lambda body: reply(f"answered {len(server.bodies)}"))
+    term = terminal(server)
+    term.send("read @src/mian.py now\r")
+    term.expect(r"solo: no file or folder @src/mian\.py \(did you mean @src/main\.py[^)\n]*\?\); not sent: fix it, or Enter "
+                r"sends it as it is\r\n")
+    term.expect(r"> read @src/mian\.py now")  # kept in the line, to fix
+    assert not server.bodies
+    term.send("\x15read @src/main.py and @notes.md now\r")  # Ctrl-U, typed again
+    shown = term.expect("answered 1")
+    assert "solo: attached @src/main.py (9 bytes)\r\n" in shown and "solo: attached @notes.md (1.5 KB)\r\n" in shown
+    sent = user_turns(server.bodies[-1])[-1]
+    assert sent.startswith("read @src/main.py and @notes.md now") and '<file path="src/main.py">\nprint(1)\n' in sent
+    term.expect(r"\n> ")
+    term.send("ask @nobody please\r")  # a word that names nothing: said, and Enter again sends it as written
+    term.expect(r"solo: no file or folder @nobody; not sent: fix it, or Enter sends it as it is\r\n")
+    term.expect("> ask @nobody please")
+    term.send("\r")
+    term.expect("answered 2")
+    assert user_turns(server.bodies[-1])[-1] == "ask @nobody please"
+    term.expect(r"\n> ")
+    term.send("\x04")
+    assert term.wait() == 0
+
+
+@pytest.mark.parametrize("term", ["xterm", "dumb"])
+def test_tab_after_at_lists_the_choices_at_the_first_press(serve, terminal, workspace, term):
+    for name in ("notes.md", "notes.txt", "other.txt"):
+        (workspace / name).write_text("x\n")
+    server = serve(lambda body: reply("ok"))
+    session = terminal(server, term=term)
+    session.send("read @no\t")  # one press: the common part goes in, and both choices show under it
+    shown = session.expect(r"@notes\.md +@notes\.txt\s*\r\n> read @notes\.")
+    assert "other.txt" not in shown
+    session.send("t\t\r")
+    session.expect(r"attached @notes\.txt \(2 bytes\)")
+    session.expect(r"(?<![a-z])ok\r\n")
+    assert user_turns(server.bodies[-1])[-1].startswith('read @notes.txt\n\n<file path="notes.txt">\nx\n</file>')
