@@ -8506,6 +8506,7 @@ SESSION_KEYS = {
 SESSION_HELP = "\n".join(f"{name:17} {what}" for name, what in SESSION_COMMANDS.items())  # for --help
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
+HISTORY_MARK = "\x1e"  # a line of the history file that starts with this holds a prompt of several lines, as JSON
 
 
 def file_change(cwd: Path, tool: str, args: dict, text: str | None = None) -> tuple[str, bool, str, str]:
@@ -8554,13 +8555,53 @@ def command_names(agent: Agent) -> list[str]:
     return [name.split()[0] for name in SESSION_COMMANDS] + [f"/{name}" for name in (*agent.commands, *agent.skills)]
 
 
+class History:
+    """The prompts typed in a project, one entry a prompt (its lines and pastes whole): readline's list, for the arrows
+    and Ctrl-R, and a file kept 0600 in SOLO_HOME, a line a prompt: one of several lines is JSON after HISTORY_MARK
+    (a line without it, as older files have, is a prompt as it is)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path  # None: this session's prompts are kept nowhere
+
+    def load(self) -> None:
+        """The file's prompts into readline's list, the latest last."""
+        import readline
+        readline.clear_history()
+        with contextlib.suppress(OSError):
+            for line in self.path.read_text(encoding="utf-8", errors="replace").split("\n") if self.path else ():
+                if line:
+                    readline.add_history(self.decoded(line))
+
+    @staticmethod
+    def decoded(line: str) -> str:
+        """A prompt as a line of the file holds it."""
+        with contextlib.suppress(ValueError):
+            if line.startswith(HISTORY_MARK) and isinstance(prompt := json.loads(line[1:]), str):
+                return prompt
+        return line
+
+    def add(self, prompt: str) -> None:
+        """A prompt as one entry (not again right after itself), and a line of the file."""
+        import readline
+        last = readline.get_current_history_length()
+        if not prompt.strip() or (last and readline.get_history_item(last) == prompt):
+            return
+        readline.add_history(prompt)
+        several = "\n" in prompt or "\r" in prompt or prompt.startswith(HISTORY_MARK)
+        with contextlib.suppress(OSError):
+            if self.path:
+                with open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC), "a", encoding="utf-8",
+                          errors="replace") as file:
+                    file.write((HISTORY_MARK + json.dumps(prompt, ensure_ascii=False) if several else prompt) + "\n")
+
+
 class LineEditor:
     """The prompt line: readline, Tab completion, history, a prompt read (a paste is one), questions, idle notice."""
 
     def __init__(self, streams: Streams, display: Display, keys: Keys, expand: Callable[[], None], first: str = ""):
         self.streams, self.display, self.keys, self.expand = streams, display, keys, expand
         self.first = first  # the prompt given on the command line: the session's first
-        self.prefill, self.history = "", None  # text for the next prompt; the history file
+        self.prefill, self.history = "", History()  # text for the next prompt; the prompts typed before
         self.agent: Agent | None = None  # whose commands Tab completes and whose hooks hear of an idle prompt (setup)
 
     def setup(self, agent: Agent) -> None:
@@ -8573,6 +8614,7 @@ class LineEditor:
                         r'"\C-o": "\C-e\C-v\C-_expand\C-m"'):
             readline.parse_and_bind(binding)
         readline.parse_and_bind("set show-all-if-ambiguous on")  # Tab lists several choices at once, not at a second
+        readline.set_auto_history(False)  # a prompt is one entry, added whole once read (History.add)
         with contextlib.suppress(AttributeError, OSError, ValueError):  # GNU readline: Esc Esc acts at once, even
             if "libedit" not in (readline.__doc__ or ""):  # where an inputrc binds "\e\e[C" and makes it a prefix
                 import ctypes
@@ -8588,9 +8630,8 @@ class LineEditor:
             with contextlib.suppress(OSError):
                 private_folder(folder)
                 os.close(os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-                readline.clear_history()
-                readline.read_history_file(folder / "history")
-                self.history = folder / "history"
+                self.history = History(folder / "history")
+        self.history.load()
 
     def complete(self, text: str, state: int) -> str | None:
         """Tab: commands after a '/' that starts the line, paths after '@'."""
@@ -8606,7 +8647,7 @@ class LineEditor:
                                if e.name.startswith(start) and (start[:1] == "." or e.name[:1] != "."))
         return found[state] if state < len(found) else None
 
-    def read_line(self, prompt: str, *, history: bool = True) -> str:
+    def read_line(self, prompt: str) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
         import readline
         self.streams.stdout.flush()
@@ -8630,11 +8671,6 @@ class LineEditor:
                 signal.signal(signal.SIGCONT, resumed)
             os.dup2(saved, 1)
             os.close(saved)
-        if (not history or MARK in line) and line.strip():
-            readline.remove_history_item(readline.get_current_history_length() - 1)
-        elif self.history and line.strip():
-            with contextlib.suppress(OSError):
-                readline.append_history_file(1, self.history)
         return line
 
     def redraw(self) -> None:
@@ -8693,7 +8729,8 @@ class LineEditor:
             while (more := lines[-1].endswith("\\")) or select.select([self.streams.stdin], [], [], 0.05)[0]:
                 lines[-1] = lines[-1][:-1] if more else lines[-1]
                 lines.append(self.read_line("… " if more else ""))
-        return "\n".join(lines).strip()
+        self.history.add(prompt := "\n".join(lines).strip())  # one entry, its lines and all
+        return prompt
 
     def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
         """The first letter of the user's answer, asked until it is one of `answers`; "" for Ctrl-D."""
@@ -8703,7 +8740,7 @@ class LineEditor:
             termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
         while True:
             try:
-                line = self.read_line(question, history=False)
+                line = self.read_line(question)
             except EOFError:
                 self.streams.stderr.write("\n")
                 return ""
@@ -8736,8 +8773,7 @@ class Picker:
         while shown := narrowed(search or rows, words)[:10]:
             for number, i in enumerate(shown, start=1):
                 self.reporter.say(f"{number:2}. {rows[i]}")
-            answer = self.editor.read_line(f"{question} (1-{len(shown)})? ",
-                                           history=False).strip()  # or words to narrow
+            answer = self.editor.read_line(f"{question} (1-{len(shown)})? ").strip()  # or words to narrow
             if answer.isdigit() and 1 <= int(answer) <= len(shown):
                 return shown[int(answer) - 1]
             if not (words := answer):

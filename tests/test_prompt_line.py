@@ -120,3 +120,40 @@ def test_tab_after_at_lists_the_choices_at_the_first_press(serve, terminal, work
     session.expect(r"attached @notes\.txt \(2 bytes\)")
     session.expect(r"(?<![a-z])ok\r\n")
     assert user_turns(server.bodies[-1])[-1].startswith('read @notes.txt\n\n<file path="notes.txt">\nx\n</file>')
+
+
+def test_a_prompt_of_several_lines_is_one_history_entry_restored_whole_across_sessions(serve, terminal, workspace):
+    from app import main as agent
+    home = workspace.parent / "solo-home"
+    folder = agent.Sessions(agent.Config(api_key="k", cwd=workspace, solo_home=home)).folder
+    folder.mkdir(parents=True)
+    (folder / "history").write_text("an old prompt\nold with a literal \\n in it\n")  # an older file: a line a prompt
+    (folder / "history").chmod(0o600)
+    server = serve(lambda body: reply(f"answered {len(server.bodies)}"))
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "SOLO_HOME": str(home)}
+    term = terminal(server, env=env)
+    term.send("first line\\\r")  # a backslash goes on to the next line
+    term.expect(r"first line\\\r\n[^\n]+ $")  # the next line's prompt ("… ", cut anywhere by the reads)
+    term.send("second line\r")
+    term.expect(r"answered 1\r\n> ")
+    term.send("pasted one\rpasted two\rpasted three\r")  # a paste without brackets: its lines come at once
+    term.expect(r"answered 2\r\n> ")
+    pasted, typed = "pasted one\npasted two\npasted three", "first line\nsecond line"
+    assert [user_turns(body)[-1] for body in server.bodies] == [typed, pasted]
+    term.send("\x1b[A\x1b[A\r")  # up twice: the whole prompt of two lines, not its second line
+    term.expect(r"answered 3\r\n> ")
+    term.send("\x12second\r")  # Ctrl-R finds it by a word of its second line, whole
+    term.expect(r"answered 4\r\n> ")
+    assert [user_turns(body)[-1] for body in server.bodies[2:]] == [typed, typed]
+    term.send("\x04")
+    assert term.wait() == 0
+    lines = (folder / "history").read_text().split("\n")
+    assert lines == ["an old prompt", "old with a literal \\n in it", '\x1e"first line\\nsecond line"',
+                     '\x1e"pasted one\\npasted two\\npasted three"', '\x1e"first line\\nsecond line"', ""]  # a prompt a line
+    term = terminal(server, env=env)  # a new session: the same entries, whole
+    for ups, sent in ((1, typed), (2, pasted), (5, "old with a literal \\n in it")):
+        term.send("\x1b[A" * ups + "\r")
+        term.expect(rf"answered {server.bodies.__len__() + 1}\r\n> ")
+        assert user_turns(server.bodies[-1])[-1] == sent
+    term.send("\x04")
+    assert term.wait() == 0
