@@ -8507,6 +8507,8 @@ SESSION_HELP = "\n".join(f"{name:17} {what}" for name, what in SESSION_COMMANDS.
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
 HISTORY_MARK = "\x1e"  # a line of the history file that starts with this holds a prompt of several lines, as JSON
+PASTE_LINES = 3  # a paste of more lines than this shows as [Pasted text #1 +201 lines] in the line
+PASTE_END = b"\x1b[201~"  # where a bracketed paste ends (it starts with ESC [200~)
 
 
 def file_change(cwd: Path, tool: str, args: dict, text: str | None = None) -> tuple[str, bool, str, str]:
@@ -8595,6 +8597,56 @@ class History:
                     file.write((HISTORY_MARK + json.dumps(prompt, ensure_ascii=False) if several else prompt) + "\n")
 
 
+class Pastes:
+    """Bracketed pastes at the prompt, on a terminal that has them: a paste is read whole (its Tabs and Enters are
+    text), put in the line as it is, or past PASTE_LINES lines as a marker whose text goes in its place on Enter."""
+
+    def __init__(self, fd: int):
+        self.fd, self.texts, self.handler = fd, [], None  # the terminal; the texts pasted; readline's key binding
+
+    def bind(self) -> None:
+        """The key a bracketed paste starts with (ESC [200~) bound in GNU readline to take the paste."""
+        import ctypes
+        if lib := gnu_readline():
+            handler = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int)(lambda count, key: self.take())
+            if lib.rl_bind_keyseq(b"\x1b[200~", handler) == 0:
+                self.handler = handler  # kept alive as long as readline may call it
+
+    def take(self) -> int:
+        """Read a paste to its end and put it in the line: as it came, or as a marker when it has many lines."""
+        import readline
+        with contextlib.suppress(Exception, KeyboardInterrupt):  # readline calls this: nothing may go up through C
+            text = self.read().decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+            lines = len(text.rstrip("\n").split("\n"))
+            if lines > PASTE_LINES:
+                self.texts.append(text)
+                text = f"[Pasted text #{len(self.texts)} +{lines} lines]"
+            readline.insert_text(text)
+        return 0
+
+    def read(self) -> bytes:
+        """A paste's bytes up to its end mark (what readline holds first, then the terminal's in large reads); bytes
+        after the mark go back to readline; a paste whose end does not come within 2 s ends there."""
+        import ctypes
+        lib, data = gnu_readline(), bytearray()
+        pending = ctypes.c_int.in_dll(lib, "rl_pending_input")
+        while (pending.value or lib._rl_pushed_input_available()) and not data.endswith(PASTE_END):
+            data.append(lib.rl_read_key() & 0xFF)
+        while PASTE_END not in data and select.select([self.fd], [], [], 2.0)[0]:
+            if not (chunk := os.read(self.fd, 65536)):
+                break
+            data += chunk
+        data, _, after = bytes(data).partition(PASTE_END)
+        for byte in after:  # typed right after the paste: readline reads it next
+            lib.rl_stuff_char(byte)
+        return data
+
+    def expanded(self, line: str) -> str:
+        """A line with each paste's marker replaced by the text pasted."""
+        return re.sub(r"\[Pasted text #(\d+) \+\d+ lines\]", lambda m: self.texts[int(m.group(1)) - 1]
+                      if 0 < int(m.group(1)) <= len(self.texts) else m.group(), line)
+
+
 class LineEditor:
     """The prompt line: readline, Tab completion, history, a prompt read (a paste is one), questions, idle notice."""
 
@@ -8602,6 +8654,7 @@ class LineEditor:
         self.streams, self.display, self.keys, self.expand = streams, display, keys, expand
         self.first = first  # the prompt given on the command line: the session's first
         self.prefill, self.history = "", History()  # text for the next prompt; the prompts typed before
+        self.pastes = Pastes(keys.fd if keys.fd is not None else -1)
         self.agent: Agent | None = None  # whose commands Tab completes and whose hooks hear of an idle prompt (setup)
 
     def setup(self, agent: Agent) -> None:
@@ -8615,6 +8668,8 @@ class LineEditor:
             readline.parse_and_bind(binding)
         readline.parse_and_bind("set show-all-if-ambiguous on")  # Tab lists several choices at once, not at a second
         readline.set_auto_history(False)  # a prompt is one entry, added whole once read (History.add)
+        if self.keys.fd is not None and (self.display.fancy or self.display.plain):  # TERM=dumb: no bracketed paste
+            self.pastes.bind()
         with contextlib.suppress(AttributeError, OSError, ValueError):  # GNU readline: Esc Esc acts at once, even
             if "libedit" not in (readline.__doc__ or ""):  # where an inputrc binds "\e\e[C" and makes it a prefix
                 import ctypes
@@ -8660,10 +8715,12 @@ class LineEditor:
         prefill, self.prefill = self.prefill, ""
         if prefill:  # only then: a Ctrl-C landing in a hook is swallowed by readline
             readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()))
-        try:
+        bracketed = self.pastes.handler is not None  # pastes come marked while a line is read (after the prompt:
+        try:  # where nothing is drawn on the screen)
             with self.display.question(), self.keys.reading(False):
-                line = input(prompt)
+                line = input(prompt + "\x01\x1b[?2004h\x02" * bracketed)
         finally:
+            self.streams.stderr.write("\x1b[?2004l" * bracketed)
             readline.set_pre_input_hook(None)
             if main:
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -8729,7 +8786,7 @@ class LineEditor:
             while (more := lines[-1].endswith("\\")) or select.select([self.streams.stdin], [], [], 0.05)[0]:
                 lines[-1] = lines[-1][:-1] if more else lines[-1]
                 lines.append(self.read_line("… " if more else ""))
-        self.history.add(prompt := "\n".join(lines).strip())  # one entry, its lines and all
+        self.history.add(self.pastes.expanded(prompt := "\n".join(lines).strip()).strip())  # one entry, lines and all
         return prompt
 
     def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
@@ -9265,8 +9322,9 @@ class Session:
             if not line or self.commands.command(line):
                 return None
             command = self.agent.commands.get(line[1:].partition(" ")[0]) if line.startswith("/") else None
-            if not command and not self.mentions_found(line):
+            if not command and not self.mentions_found(line):  # not in pastes shown collapsed
                 return None
+            line = self.editor.pastes.expanded(line).strip()
             granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
                                          for text in command.allowed) if isinstance(rule, Rule)] if command else []
             self.agent.rules["allow"] += granted  # for this prompt only, its !`lines` included

@@ -10,11 +10,14 @@ import pty
 import re
 import subprocess
 import termios
+import time
 
 import pytest
 
 from tests.conftest import PROGRAM, Terminal
 from tests.fake_openrouter import reply
+
+LINE = r"> (?:\x1b\[\?2004h)?"  # the prompt, and bracketed paste on for the line (where the terminal is not dumb)
 
 
 def user_turns(body) -> list[str]:
@@ -67,7 +70,7 @@ def test_after_ctrl_z_and_fg_the_prompt_and_the_line_typed_so_far_are_drawn_agai
     sh.expect(r"Stopped.*\n(?:\x1b\[\?2004h)?\$ ")
     sh.send("fg\r")
     sh.expect(r"fg\r\n.*your_program\.sh\r\n")  # the shell names the job it brings back
-    sh.expect(r"^\r?> half typed")  # the prompt and the line so far, at once, before any key
+    sh.expect(rf"^\r?{LINE}half typed")  # the prompt and the line so far, at once, before any key
     sh.send(" more\r")  # the line goes on where it was, in readline's modes: echoed once, not twice by the shell
     shown = sh.expect("answered half typed more")
     assert shown.partition("answered")[0].count(" more") == 1 and server.bodies and user_turns(server.bodies[-1]) == ["half typed more"]
@@ -114,7 +117,7 @@ def test_tab_after_at_lists_the_choices_at_the_first_press(serve, terminal, work
     server = serve(lambda body: reply("ok"))
     session = terminal(server, term=term)
     session.send("read @no\t")  # one press: the common part goes in, and both choices show under it
-    shown = session.expect(r"@notes\.md +@notes\.txt\s*\r\n> read @notes\.")
+    shown = session.expect(rf"@notes\.md +@notes\.txt\s*\r\n{LINE}read @notes\.")
     assert "other.txt" not in shown
     session.send("t\t\r")
     session.expect(r"attached @notes\.txt \(2 bytes\)")
@@ -155,5 +158,89 @@ def test_a_prompt_of_several_lines_is_one_history_entry_restored_whole_across_se
         term.send("\x1b[A" * ups + "\r")
         term.expect(rf"answered {server.bodies.__len__() + 1}\r\n> ")
         assert user_turns(server.bodies[-1])[-1] == sent
+    term.send("\x04")
+    assert term.wait() == 0
+
+
+class Tmux:
+    """A session in a tmux server of its own (its socket in the test's folder): keys and pastes as tmux sends them,
+    bracketed where the program asks for it, and the screen as tmux draws it."""
+
+    def __init__(self, folder, cwd, env):
+        self.base = ["tmux", "-S", str(folder / "tmux.sock"), "-f", "/dev/null"]
+        self.cwd, self.env = cwd, {k: v for k, v in env.items() if k not in ("TMUX", "TMUX_PANE")}
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run([*self.base, *args], cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                              check=True, timeout=10).stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "solo")
+
+    def wait(self, pattern: str, timeout: float = 15) -> str:
+        """The screen once the pattern shows on it."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, screen := self.screen()):
+            assert time.monotonic() < deadline, f"{pattern!r} never showed; screen:\n{screen}"
+            time.sleep(0.05)
+        return screen
+
+    def paste(self, text: str, path) -> None:
+        """Paste a text as a terminal does, bracketed if the program turned that on."""
+        path.write_text(text)
+        self.tmux("load-buffer", str(path))
+        self.tmux("paste-buffer", "-p", "-t", "solo")
+
+
+@pytest.fixture
+def tmux(workspace, tmp_path):
+    """A session started in a tmux server of the test's own, ended with the test."""
+    started = []
+
+    def start(server) -> Tmux:
+        env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
+        started.append(Tmux(tmp_path, workspace, env))
+        started[-1].tmux("new-session", "-d", "-x", "100", "-y", "30", "-s", "solo", str(PROGRAM))
+        return started[-1]
+
+    yield start
+    for one in started:
+        subprocess.run([*one.base, "kill-server"], capture_output=True, timeout=10, check=False)  # gone already: fine
+
+
+def test_a_paste_of_many_lines_is_one_marker_in_the_line_and_goes_whole_at_enter(serve, tmux, tmp_path):
+    server = serve(lambda body: reply(f"got {len(user_turns(body)[-1].splitlines())} lines"))
+    term = tmux(server)
+    term.wait(r"(?m)^> ?$")
+    pasted = "".join(f"line {i} of the paste\n" for i in range(1, 202))
+    term.paste(pasted, tmp_path / "paste.txt")
+    screen = term.wait(r"(?m)^> \[Pasted text #1 \+201 lines\]$")  # in the line, not echoed line by line
+    assert "line 2 of the paste" not in screen
+    term.tmux("send-keys", "-t", "solo", "-l", " then this")  # still the same line: nothing was sent
+    term.wait(r"(?m)^> \[Pasted text #1 \+201 lines\] then this$")
+    assert not server.bodies
+    term.tmux("send-keys", "-t", "solo", "Enter")
+    term.wait(r"(?m)^got 202 lines$")
+    assert user_turns(server.bodies[-1]) == [pasted + " then this"]  # the whole text went to the model
+    term.wait(r"(?m)^> ?$")
+    term.paste("short one\nshort two\n", tmp_path / "short.txt")  # a few lines: shown as they are, sent at Enter
+    screen = term.wait(r"(?m)^> short one\nshort two\n")
+    assert len(server.bodies) == 1 and "Pasted text" not in screen.split("got 202 lines")[1]
+    term.tmux("send-keys", "-t", "solo", "Enter")
+    term.wait(r"(?m)^got 2 lines$")
+    assert user_turns(server.bodies[-1])[-1] == "short one\nshort two"
+
+
+def test_a_bracketed_paste_keeps_its_tabs_and_the_enter_typed_right_after_it_sends_it(serve, terminal):
+    server = serve(lambda body: reply("received"))
+    term = terminal(server, term="xterm")
+    term.expect(r"\x1b\[\?2004h")
+    assert "\n> \x1b[?2004h" in term.transcript  # right after the prompt the terminal is asked to mark pastes
+    pasted = "".join(f"def f{i}():\r\treturn {i}\r" for i in range(3))  # 6 lines, Tabs in them: text, not completion
+    term.send(f"\x1b[200~{pasted}\x1b[201~\r")  # Enter comes in the same read as the paste's end
+    term.expect(r"\[Pasted text #1 \+6 lines\]")
+    term.expect("received")
+    assert user_turns(server.bodies[-1]) == [pasted.replace("\r", "\n").strip()]
+    term.expect(r"\x1b\[K> ")
     term.send("\x04")
     assert term.wait() == 0
