@@ -8715,8 +8715,8 @@ class LineEditor:
         prefill, self.prefill = self.prefill, ""
         if prefill:  # only then: a Ctrl-C landing in a hook is swallowed by readline
             readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()))
-        bracketed = self.pastes.handler is not None  # pastes come marked while a line is read (after the prompt:
-        try:  # where nothing is drawn on the screen)
+        bracketed = self.pastes.handler is not None  # pastes come marked while a line is read (asked for after the
+        try:  # prompt, as an invisible part of it, so nothing is written before the prompt at the start of its line)
             with self.display.question(), self.keys.reading(False):
                 line = input(prompt + "\x01\x1b[?2004h\x02" * bracketed)
         finally:
