@@ -7983,6 +7983,17 @@ def width_of(text: str) -> int:
     return len(re.sub(r"\033\[[0-9;]*m", "", text))
 
 
+def fitted(parts: list[str], width: int) -> list[str]:
+    """Parts joined by " · " on as few lines as fit a width, each part whole (one longer than the width alone)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and width_of(lines[-1]) + 3 + width_of(part) < width:  # the last column left free: no early wrap
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    return lines
+
+
 def cbreak(attrs: list) -> list:
     """Terminal attributes with line editing and echo off: keys come one by one (Ctrl-C still sends SIGINT)."""
     import termios
@@ -9270,17 +9281,20 @@ class Session:
             self.agent.close("prompt_input_exit")
 
     def welcome(self) -> None:
-        """The first screen, in three lines: the version, model and folder; the permission mode (a warning when
-        nothing is asked) and the sandbox; the keys."""
+        """The first screen: the version, model and folder; the permission mode (a warning when nothing is asked) and
+        the sandbox; the keys; each broken between its parts to the terminal's width."""
         cfg, mode, paint = self.agent.cfg, self.agent.cfg.permission_mode, self.display.paint
         said = {"default": "asks before commands and edits", "acceptEdits": "edits run, commands ask",
                 "plan": "read-only, then a plan", "dontAsk": "only what rules allow, never asks",
                 "bypassPermissions": "nothing asks, all runs"}.get(mode, "")
-        line = f"permissions {mode}: {said}"
-        line = paint(f"⚠ {line}", "red") if mode == "bypassPermissions" else line
-        self.display.put(visible(f"solo {VERSION} · model {cfg.model} · {cfg.cwd}") + f"\n{line} · sandbox "
-                         f"{visible(cfg.sandbox)}\n" + paint("/help · Esc stops · Ctrl-O expands · ! shell · @ file · "
-                                                              "Ctrl-D quits", "grey") + "\n")
+        rule = f"permissions {mode}: {said}"
+        rule = paint(f"⚠ {rule}", "red") if mode == "bypassPermissions" else rule
+        keys = ["/help", "Esc stops", "Ctrl-O expands", "! shell", "@ file", "Ctrl-D quits"]
+        width = self.display.measure()
+        self.display.put("".join(line + "\n" for line in [
+            *fitted([visible(f"solo {VERSION}"), visible(f"model {cfg.model}"), visible(str(cfg.cwd))], width),
+            *fitted([rule, visible(f"sandbox {cfg.sandbox}")], width),
+            *(paint(line, "grey") for line in fitted(keys, width))]))
 
     def loop(self) -> int:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""

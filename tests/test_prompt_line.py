@@ -244,3 +244,20 @@ def test_a_bracketed_paste_keeps_its_tabs_and_the_enter_typed_right_after_it_sen
     term.expect(r"\x1b\[K> ")
     term.send("\x04")
     assert term.wait() == 0
+
+
+def test_the_first_screen_breaks_its_lines_between_parts_at_a_narrow_terminal(serve, shell, workspace):
+    server = serve(lambda body: reply("hi"))
+    sh = shell(server)
+    sh.send("stty cols 40 rows 30\r")  # a narrow terminal, sized before the session starts
+    sh.expect(r"\$ ")
+    sh.send(f"{PROGRAM} --yes\r")
+    shown = sh.expect(rf"\n{LINE}").split("--yes\r\n", 1)[1]
+    lines = [re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|\r", "", line) for line in shown.split("\r\n")[:-1]]  # the shell's too
+    assert lines == ["solo 0.1.0", "model anthropic/claude-haiku-4.5", str(workspace),
+                     "⚠ permissions bypassPermissions: nothing asks, all runs", "sandbox off",
+                     "/help · Esc stops · Ctrl-O expands", "! shell · @ file · Ctrl-D quits"]  # no part cut in two
+    sh.send("\x04")
+    sh.expect(r"\$ ")
+    sh.send("exit\r")
+    assert sh.wait() == 0
