@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from app import main as agent
 from tests.conftest import PROGRAM, Terminal
 from tests.fake_openrouter import reply
 
@@ -126,7 +127,6 @@ def test_tab_after_at_lists_the_choices_at_the_first_press(serve, terminal, work
 
 
 def test_a_prompt_of_several_lines_is_one_history_entry_restored_whole_across_sessions(serve, terminal, workspace):
-    from app import main as agent
     home = workspace.parent / "solo-home"
     folder = agent.Sessions(agent.Config(api_key="k", cwd=workspace, solo_home=home)).folder
     folder.mkdir(parents=True)
@@ -254,7 +254,7 @@ def test_the_first_screen_breaks_its_lines_between_parts_at_a_narrow_terminal(se
     sh.send(f"{PROGRAM} --yes\r")
     shown = sh.expect(rf"\n{LINE}").split("--yes\r\n", 1)[1]
     lines = [re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|\r", "", line) for line in shown.split("\r\n")[:-1]]  # the shell's too
-    assert lines == ["solo 0.1.0", "model anthropic/claude-haiku-4.5", str(workspace),
+    assert lines == [f"solo {agent.VERSION}", "model anthropic/claude-haiku-4.5", str(workspace),
                      "⚠ permissions bypassPermissions: nothing asks, all runs", "sandbox off",
                      "/help · Esc stops · Ctrl-O expands", "! shell · @ file · Ctrl-D quits"]  # no part cut in two
     sh.send("\x04")

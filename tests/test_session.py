@@ -41,7 +41,7 @@ def test_the_first_screen_shows_folder_model_mode_sandbox_and_keys(serve, termin
     term = terminal(server, *args, term="xterm" if colour else "dumb")
     shown = term.transcript.split("> ")[0]
     lines = [line for line in shown.split("\r\n") if line]
-    assert lines[:2] == ["solo 0.1.0 · model anthropic/claude-haiku-4.5", str(workspace)]  # the folder too long to join
+    assert lines[:2] == [f"solo {agent.VERSION} · model anthropic/claude-haiku-4.5", str(workspace)]  # the folder too long to join
     assert len(lines) == 4 and all(len(re.sub(r"\x1b\[[0-9;]*m", "", line)) < 80 for line in lines[2:])  # 80 columns
     assert "sandbox off" in shown
     for key in ("/help", "Esc", "Ctrl-O", "!", "@"):
