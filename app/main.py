@@ -58,7 +58,7 @@ Environment:
     MCP_TIMEOUT              seconds an MCP server may take to start (default 10)
     MCP_TOOL_TIMEOUT         seconds one MCP tool call may take (default 120)
     SOLO_DEBUG=1             show Python tracebacks for internal errors
-    NO_COLOR                 set: a session draws no colour, status line or Markdown
+    NO_COLOR                 set: a session draws no colour or Markdown (its status line stays, plain)
     PAGER                    what Ctrl-O and /expand show a whole result with (default less -R)
 
 Exit codes:
@@ -1885,14 +1885,20 @@ def shown(ctx: ToolContext, path: Path) -> str:
     return str(path.relative_to(ctx.cwd) if path.is_relative_to(ctx.cwd) else path)
 
 
-def missing_file(ctx: ToolContext, file_path: str, path: Path) -> ToolError:
-    """The error for a path that does not exist, naming close names that do."""
+def close_names(ctx: ToolContext, path: Path) -> list[str]:
+    """The files under the working directory whose paths or names are close to a path that does not exist."""
     import difflib  # only on this error path: it costs start-up time
     names = [shown(ctx, p) for p in itertools.islice(walk_files(ctx.cwd), 5_000)]
     by_name = {os.path.basename(name): name for name in reversed(names)}  # the first path with a name wins
     close = difflib.get_close_matches(shown(ctx, path), names, n=3, cutoff=0.6)
     close += [by_name[n] for n in difflib.get_close_matches(path.name, list(by_name), n=3, cutoff=0.6)]
-    hint = f" Did you mean: {', '.join(dict.fromkeys(close))}?" if close else ""
+    return list(dict.fromkeys(close))
+
+
+def missing_file(ctx: ToolContext, file_path: str, path: Path) -> ToolError:
+    """The error for a path that does not exist, naming close names that do."""
+    close = close_names(ctx, path)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
     return ToolError(f"file not found: {file_path} (working directory: {ctx.cwd}).{hint}")
 
 
@@ -2167,6 +2173,18 @@ def tool_write(ctx: ToolContext, file_path: str, content: str) -> str:
 
 def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> str:
     """Replace an exact, unique string in a text file, keeping its encoding and line endings."""
+    path, encoding, text, old, new, count = edit_plan(ctx, file_path, old_string, new_string, replace_all)
+    replaced, small = count if replace_all else 1, len(text) <= 1 << 20
+    write_file(ctx, path, encoding.encode(changed := text.replace(old, new, replaced), file_path), file_path)
+    forget_reads(ctx, path)
+    return detailed(f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}", {
+        "filePath": str(path), "oldString": old_string, "newString": new_string, "originalFile": text if small else
+        None, "structuredPatch": patch_hunks(text, changed), "userModified": False, "replaceAll": replace_all})
+
+
+def edit_plan(ctx: ToolContext, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> tuple:
+    """What an Edit would do: the file, its encoding and text, the strings in its line endings and how often the old
+    one is there; ToolError when it cannot apply (checked before the permission question too)."""
     path = existing_file(ctx, file_path)
     if ctx.sandbox:
         ctx.sandbox.check(path, file_path)
@@ -2195,12 +2213,14 @@ def tool_edit(ctx: ToolContext, file_path: str, old_string: str, new_string: str
     if count > 1 and not replace_all:
         raise ToolError(f"old_string was found {count} times in {file_path}; add surrounding lines to make it unique, "
                         "or set replace_all to change every one")
-    replaced, small = count if replace_all else 1, len(text) <= 1 << 20
-    write_file(ctx, path, encoding.encode(changed := text.replace(old, new, replaced), file_path), file_path)
-    forget_reads(ctx, path)
-    return detailed(f"Edited {file_path}: replaced {replaced} occurrence{'s' * (replaced != 1)}", {
-        "filePath": str(path), "oldString": old_string, "newString": new_string, "originalFile": text if small else
-        None, "structuredPatch": patch_hunks(text, changed), "userModified": False, "replaceAll": replace_all})
+    return path, encoding, text, old, new, count
+
+
+def runnable(ctx: ToolContext, tool: str, args: dict) -> None:
+    """ToolError for a call whose input cannot apply (an Edit's file missing, its old_string not there once)."""
+    if tool == "Edit":
+        edit_plan(ctx, str(args.get("file_path", "")), str(args.get("old_string", "")),
+                  str(args.get("new_string", "")), args.get("replace_all") is True)
 
 
 def is_secret(name: str, value: str) -> bool:
@@ -2603,6 +2623,9 @@ def tool_skill(ctx: ToolContext, name: str, arguments: str = "") -> str:
 # --- Custom commands and mentions -----------------------------------------------------------------
 
 
+MENTION = r"(?<!\S)@(\S+)"  # an @path: a word that starts with @
+
+
 class Command(NamedTuple):
     """A custom slash command: a Markdown file in .claude/commands, in Claude Code's format."""
 
@@ -2638,11 +2661,41 @@ def command_grants(cwd: Path, home: Path | None) -> dict[str, list[str]]:
     return {f"/{name}": list(c.allowed) for name, c in theirs.items() if c.allowed and name not in mine}
 
 
+def mentioned(cwd: Path, text: str) -> list[tuple[str, Path | None]]:
+    """Each @path a text mentions, as named (a trailing full stop or bracket left out when only that names something),
+    and the file or folder it names: None when nothing is there."""
+    found = []
+    for word in dict.fromkeys(re.findall(MENTION, text)):
+        names = list(dict.fromkeys((word, word.rstrip(".,;:!?)"))))
+        paths = [(name, Path(cwd, os.path.expanduser(name))) for name in names]
+        found.append(next(((name, path) for name, path in paths if os.path.exists(path)), (names[-1], None)))
+    return found
+
+
+def byte_size(size: int) -> str:
+    """A size in bytes as a person reads it: 812 bytes, 4.2 KB, 1.5 MB."""
+    return f"{size} bytes" if size < 1000 else f"{size / 1000:.1f} KB" if size < 1_000_000 else f"{size / 1e6:.1f} MB"
+
+
+def attachment_note(path: Path) -> str:
+    """What an @path attaches, in a few words: a file's size (and the part sent of a larger one), a folder's entries."""
+    with contextlib.suppress(OSError):
+        if path.is_dir():
+            count = sum(1 for _ in os.scandir(path))
+            return f"a folder of {count} entr{'y' if count == 1 else 'ies'}" + f", {LIST_LIMIT} listed" * (
+                count > LIST_LIMIT)
+        if not path.is_file():
+            return "not attached: not a regular file"
+        size = path.stat().st_size
+        return byte_size(size) + f", its first {byte_size(READ_LIMIT)}" * (size > READ_LIMIT)
+    return "not attached: it cannot be read"
+
+
 def attach_mentions(cwd: Path, text: str, inside: bool = False) -> str:
     """Text with each @path it mentions attached: a file's text (its head), a folder's listing; with `inside`, only
     what lies in the working directory (a command file's mentions: it may be a repository's)."""
     attached = []
-    for word in dict.fromkeys(re.findall(r"(?<!\S)@(\S+)", text)):
+    for word in dict.fromkeys(re.findall(MENTION, text)):
         for name in dict.fromkeys((word, word.rstrip(".,;:!?)"))):
             path = Path(cwd, os.path.expanduser(name))
             if inside and not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(cwd)):
@@ -4776,11 +4829,25 @@ def expands(part: str) -> bool:
     return False
 
 
+def running(part: str) -> str:
+    """The command a part of a command line runs, the shell's keywords before it taken off (`do echo x`: `echo x`,
+    `a) echo x` in a case: `echo x`); "" for a part that runs none (`done`, `fi`, a loop's or a case's head)."""
+    words = part.split(" ")
+    while words and words[0] in ("if", "then", "else", "elif", "do", "while", "until", "!"):
+        words = words[1:]
+    if words[:1] == ["case"]:  # its head, up to `in`, then its first pattern
+        words = words[words.index("in") + 1:] if "in" in words else []
+    if words and re.fullmatch(r"\(?[^()\s]+\)", words[0]):  # a case's pattern: `a)`, `*.txt)`
+        words = words[1:]
+    return "" if not words or words[0] in ("done", "fi", "esac", "for", "select", "in") else " ".join(words)
+
+
 def bash_allowed(rules: list[Rule], parts: list[str]) -> Rule | None:
-    """The allow rule that lets a Bash command run when every part of it is allowed by some rule; a prefix or
-    wildcard rule does not approve a part with an expansion (Claude Code does not judge what it cannot see)."""
+    """The allow rule that lets a Bash command run when every command it runs is allowed by some rule (the shell's
+    keywords need none); a prefix or wildcard rule does not approve a part with an expansion (Claude Code does not
+    judge what it cannot see)."""
     first = None
-    for part in parts:
+    for part in [p for p in map(running, parts) if p]:
         rule = next((r for r in rules if r.tool == "Bash" and (r.spec is None or bash_matches(r.spec, part) and not (
             "*" in r.spec and expands(part)))), None)
         if rule is None:
@@ -4842,11 +4909,12 @@ def bash_prefix(part: str) -> str | None:
 
 
 def proposed_rules(rules: dict[str, list[Rule]], tool: str, args: dict) -> tuple[str, ...]:
-    """The rules an `always` answer adds: for Bash each part's prefix (`git diff:*`; the exact part where a prefix
-    would allow too much) not yet allowed, for file changes every edit (Edit covers Write), else the tool."""
+    """The rules an `always` answer adds: for Bash each command's prefix (`git diff:*`; the exact command where a
+    prefix would allow too much; a loop's commands, never its keywords) not yet allowed, for file changes every edit
+    (Edit covers Write), else the tool."""
     if tool == "Bash":
         proposed = []
-        for part in command_parts(str(args.get("command", ""))):
+        for part in [p for p in map(running, command_parts(str(args.get("command", "")))) if p]:
             if not bash_allowed(rules.get("allow", []), [part]):
                 prefix = bash_prefix(part)
                 proposed.append(f"Bash({prefix}:*)" if prefix else f"Bash({part})")
@@ -6478,7 +6546,10 @@ def admit(call: dict, tools: dict[str, Tool], ctx: ToolContext, hooks: Hooks | N
         except ToolError as error:
             return call, f"Error: {error} (in the input a PreToolUse hook gave)"
     asked = dict(kwargs)
-    why = ctx.confirm(tool.name, kwargs, verdict.decision, call["id"]) if ctx.confirm else ""
+    try:
+        why = ctx.confirm(tool.name, kwargs, verdict.decision, call["id"]) if ctx.confirm else ""
+    except ToolError as error:  # the call cannot run (an Edit whose text is not in the file): no question was asked
+        return call, f"Error: {error}"
     if not why and kwargs != asked:  # the Agent SDK's can_use_tool allowed it with another input
         call = {**call, "function": {**call["function"], "arguments": json.dumps(kwargs)}}
     return call, denial(why) if why else None
@@ -6911,9 +6982,8 @@ class Agent:
             self.turns += 1
 
     def permit(self, tool: str, args: dict, hint: str = "", call_id: str = "") -> str:
-        """Why a call may not run, by the rules (deny, then ask, then allow), the permission mode, a PreToolUse hook's
-        decision (`hint`: allow skips the question, ask asks) or the user; "" when it may (a Denied answer, the SDK's
-        can_use_tool refusing, is the call's whole result)."""
+        """Why a call may not run: rules (deny, ask, allow), the mode, a PreToolUse `hint` (allow: no question), the
+        user (a Denied answer is the whole result); "" when it may; ToolError, unasked, for a call that cannot run."""
         cfg, known = self.cfg, self.tools.get(tool)
         kind, rule = decide(self.rules, tool, args, cfg.cwd, cfg.home)
         if kind == "deny":
@@ -6932,6 +7002,7 @@ class Agent:
         if not self.ask_user:
             return f"by {rule.text} ({rule.origin}): the rule asks first, and with -p nobody can answer" if rule else \
                 "a PreToolUse hook asks first, and with -p nobody can answer"
+        runnable(self.ctx, tool, args)  # a call that cannot apply fails at once, never asked about
         if self.hooks:
             self.hooks.fire("Notification", {"message": f"solo needs your permission to use {tool}",
                                              "notification_type": "permission_prompt"}, "permission_prompt")
@@ -7928,6 +7999,17 @@ def width_of(text: str) -> int:
     return len(re.sub(r"\033\[[0-9;]*m", "", text))
 
 
+def fitted(parts: list[str], width: int) -> list[str]:
+    """Parts joined by " · " on as few lines as fit a width, each part whole (one longer than the width alone)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and width_of(lines[-1]) + 3 + width_of(part) < width:  # the last column left free: no early wrap
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    return lines
+
+
 def cbreak(attrs: list) -> list:
     """Terminal attributes with line editing and echo off: keys come one by one (Ctrl-C still sends SIGINT)."""
     import termios
@@ -8199,6 +8281,7 @@ class Display(Reporter):
         self.results: list[tuple[str, str]] = []  # this turn's results, labelled, for Ctrl-O (see keep)
         self.fresh, self.agents = True, SubAgents()  # fresh: a new turn's first result starts the list anew
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
+        self.plain = not fancy and env.get("TERM", "dumb") not in ("", "dumb")  # NO_COLOR: a status line, no colour
 
     def paint(self, text: str, *styles: str) -> str:
         """Text in styles, on a terminal that shows them."""
@@ -8238,16 +8321,17 @@ class Display(Reporter):
         return self.width
 
     def draw(self) -> None:
-        """Draw the status line: spinner, what runs, seconds, tokens, how to stop it; not while another thread
-        draws or asks (a question holds the lock while it stops the thread that ticks: that must not wait here)."""
+        """Draw the status line (plain under NO_COLOR): spinner, what runs, seconds, tokens, how to stop it; not over
+        a line of answer still open, nor while another thread draws or asks (a question holds the lock while it stops
+        the thread that ticks: that must not wait here)."""
         if not self.lock.acquire(blocking=False):
             return
         try:
-            if self.fancy and self.activity:
+            if (self.fancy or self.plain) and self.activity and not self.live:
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
                         f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
-                self.streams.stderr.write("\r\033[K" + paint(text[:self.measure() - 1], "grey"))
+                self.streams.stderr.write("\r\033[K" + self.paint(text[:self.measure() - 1], "grey"))
                 self.streams.stderr.flush()
                 self.status = True
         except OSError:
@@ -8512,6 +8596,9 @@ SESSION_KEYS = {
 SESSION_HELP = "\n".join(f"{name:17} {what}" for name, what in SESSION_COMMANDS.items())  # for --help
 DIFF_LINES = 40  # lines of a file change shown before the user allows it
 MARK = "\x1f"  # a key binding ends the line with this and an action (rewind, expand)
+HISTORY_MARK = "\x1e"  # a line of the history file that starts with this holds a prompt of several lines, as JSON
+PASTE_LINES = 3  # a paste of more lines than this shows as [Pasted text #1 +201 lines] in the line
+PASTE_END = b"\x1b[201~"  # where a bracketed paste ends (it starts with ESC [200~)
 
 
 def file_change(cwd: Path, tool: str, args: dict, text: str | None = None) -> tuple[str, bool, str, str]:
@@ -8544,9 +8631,110 @@ def narrowed(rows: list[str], words: str) -> list[int]:
     return [i for i, row in enumerate(rows) if all(word in row.lower() for word in words.lower().split())]
 
 
+@functools.cache
+def gnu_readline() -> Any:
+    """GNU readline's own library, for what Python's module does not offer (its terminal modes, a forced redraw);
+    None under libedit."""
+    import ctypes
+    import readline
+    with contextlib.suppress(OSError):
+        return None if "libedit" in (readline.__doc__ or "") else ctypes.CDLL(readline.__file__)
+    return None
+
+
 def command_names(agent: Agent) -> list[str]:
     """Every /name a session knows: its own, custom commands, skills."""
     return [name.split()[0] for name in SESSION_COMMANDS] + [f"/{name}" for name in (*agent.commands, *agent.skills)]
+
+
+class History:
+    """The prompts typed in a project, one entry a prompt (its lines and pastes whole): readline's list, for the arrows
+    and Ctrl-R, and a file kept 0600 in SOLO_HOME, a line a prompt: one of several lines is JSON after HISTORY_MARK
+    (a line without it, as older files have, is a prompt as it is)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path  # None: this session's prompts are kept nowhere
+
+    def load(self) -> None:
+        """The file's prompts into readline's list, the latest last."""
+        import readline
+        readline.clear_history()
+        with contextlib.suppress(OSError):
+            for line in self.path.read_text(encoding="utf-8", errors="replace").split("\n") if self.path else ():
+                if line:
+                    readline.add_history(self.decoded(line))
+
+    @staticmethod
+    def decoded(line: str) -> str:
+        """A prompt as a line of the file holds it."""
+        with contextlib.suppress(ValueError):
+            if line.startswith(HISTORY_MARK) and isinstance(prompt := json.loads(line[1:]), str):
+                return prompt
+        return line
+
+    def add(self, prompt: str) -> None:
+        """A prompt as one entry (not again right after itself), and a line of the file."""
+        import readline
+        last = readline.get_current_history_length()
+        if not prompt.strip() or (last and readline.get_history_item(last) == prompt):
+            return
+        readline.add_history(prompt)
+        several = "\n" in prompt or "\r" in prompt or prompt.startswith(HISTORY_MARK)
+        with contextlib.suppress(OSError):
+            if self.path:
+                with open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC), "a", encoding="utf-8",
+                          errors="replace") as file:
+                    file.write((HISTORY_MARK + json.dumps(prompt, ensure_ascii=False) if several else prompt) + "\n")
+
+
+class Pastes:
+    """Bracketed pastes at the prompt, on a terminal that has them: a paste is read whole (its Tabs and Enters are
+    text), put in the line as it is, or past PASTE_LINES lines as a marker whose text goes in its place on Enter."""
+
+    def __init__(self, fd: int):
+        self.fd, self.texts, self.handler = fd, [], None  # the terminal; the texts pasted; readline's key binding
+
+    def bind(self) -> None:
+        """The key a bracketed paste starts with (ESC [200~) bound in GNU readline to take the paste."""
+        import ctypes
+        if lib := gnu_readline():
+            handler = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int)(lambda count, key: self.take())
+            if lib.rl_bind_keyseq(b"\x1b[200~", handler) == 0:
+                self.handler = handler  # kept alive as long as readline may call it
+
+    def take(self) -> int:
+        """Read a paste to its end and put it in the line: as it came, or as a marker when it has many lines."""
+        import readline
+        with contextlib.suppress(Exception, KeyboardInterrupt):  # readline calls this: nothing may go up through C
+            text = self.read().decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+            lines = len(text.rstrip("\n").split("\n"))
+            if lines > PASTE_LINES:
+                self.texts.append(text)
+                text = f"[Pasted text #{len(self.texts)} +{lines} lines]"
+            readline.insert_text(text)
+        return 0
+
+    def read(self) -> bytes:
+        """A paste's bytes up to its end mark (what readline holds first, then the terminal's in large reads); bytes
+        after the mark go back to readline; a paste whose end does not come within 2 s ends there."""
+        import ctypes
+        lib, data = gnu_readline(), bytearray()
+        pending = ctypes.c_int.in_dll(lib, "rl_pending_input")
+        while (pending.value or lib._rl_pushed_input_available()) and not data.endswith(PASTE_END):
+            data.append(lib.rl_read_key() & 0xFF)
+        while PASTE_END not in data and select.select([self.fd], [], [], 2.0)[0]:
+            if not (chunk := os.read(self.fd, 65536)):
+                break
+            data += chunk
+        data, _, after = bytes(data).partition(PASTE_END)
+        for byte in after:  # typed right after the paste: readline reads it next
+            lib.rl_stuff_char(byte)
+        return data
+
+    def expanded(self, line: str) -> str:
+        """A line with each paste's marker replaced by the text pasted."""
+        return re.sub(r"\[Pasted text #(\d+) \+\d+ lines\]", lambda m: self.texts[int(m.group(1)) - 1]
+                      if 0 < int(m.group(1)) <= len(self.texts) else m.group(), line)
 
 
 class LineEditor:
@@ -8555,7 +8743,8 @@ class LineEditor:
     def __init__(self, streams: Streams, display: Display, keys: Keys, expand: Callable[[], None], first: str = ""):
         self.streams, self.display, self.keys, self.expand = streams, display, keys, expand
         self.first = first  # the prompt given on the command line: the session's first
-        self.prefill, self.history = "", None  # text for the next prompt; the history file
+        self.prefill, self.history = "", History()  # text for the next prompt; the prompts typed before
+        self.pastes = Pastes(keys.fd if keys.fd is not None else -1)
         self.agent: Agent | None = None  # whose commands Tab completes and whose hooks hear of an idle prompt (setup)
 
     def setup(self, agent: Agent) -> None:
@@ -8567,6 +8756,10 @@ class LineEditor:
         for binding in ("tab: complete", r'"\e\C-m": "\C-v\C-j"', r'"\e\e": "\C-e\C-v\C-_rewind\C-m"',
                         r'"\C-o": "\C-e\C-v\C-_expand\C-m"'):
             readline.parse_and_bind(binding)
+        readline.parse_and_bind("set show-all-if-ambiguous on")  # Tab lists several choices at once, not at a second
+        readline.set_auto_history(False)  # a prompt is one entry, added whole once read (History.add)
+        if self.keys.fd is not None and (self.display.fancy or self.display.plain):  # TERM=dumb: no bracketed paste
+            self.pastes.bind()
         with contextlib.suppress(AttributeError, OSError, ValueError):  # GNU readline: Esc Esc acts at once, even
             if "libedit" not in (readline.__doc__ or ""):  # where an inputrc binds "\e\e[C" and makes it a prefix
                 import ctypes
@@ -8582,9 +8775,8 @@ class LineEditor:
             with contextlib.suppress(OSError):
                 private_folder(folder)
                 os.close(os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-                readline.clear_history()
-                readline.read_history_file(folder / "history")
-                self.history = folder / "history"
+                self.history = History(folder / "history")
+        self.history.load()
 
     def complete(self, text: str, state: int) -> str | None:
         """Tab: commands after a '/' that starts the line, paths after '@'."""
@@ -8600,34 +8792,47 @@ class LineEditor:
                                if e.name.startswith(start) and (start[:1] == "." or e.name[:1] != "."))
         return found[state] if state < len(found) else None
 
-    def read_line(self, prompt: str, *, history: bool = True) -> str:
+    def read_line(self, prompt: str) -> str:
         """A line from the user with readline editing; readline writes to fd 1, so it is lent stderr."""
         import readline
         self.streams.stdout.flush()
         main = threading.current_thread() is threading.main_thread()  # sub-agents ask from their own threads
         saved, alarm = os.dup(1), signal.signal(signal.SIGALRM, lambda signum, frame: None) if main else None
+        resumed = signal.signal(signal.SIGCONT, lambda signum, frame: self.redraw()) if main else None
         os.dup2(2, 1)
         # readline's select() sleeps through a Ctrl-C that lands just before it starts: a tick wakes it to see it
         signal.setitimer(signal.ITIMER_REAL, 0.1 * main, 0.1)
         prefill, self.prefill = self.prefill, ""
         if prefill:  # only then: a Ctrl-C landing in a hook is swallowed by readline
             readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()))
-        try:
+        bracketed = self.pastes.handler is not None  # pastes come marked while a line is read (asked for after the
+        try:  # prompt, as an invisible part of it, so nothing is written before the prompt at the start of its line)
             with self.display.question(), self.keys.reading(False):
-                line = input(prompt)
+                line = input(prompt + "\x01\x1b[?2004h\x02" * bracketed)
         finally:
+            self.streams.stderr.write("\x1b[?2004l" * bracketed)
             readline.set_pre_input_hook(None)
             if main:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, alarm)
+                signal.signal(signal.SIGCONT, resumed)
             os.dup2(saved, 1)
             os.close(saved)
-        if (not history or MARK in line) and line.strip():
-            readline.remove_history_item(readline.get_current_history_length() - 1)
-        elif self.history and line.strip():
-            with contextlib.suppress(OSError):
-                readline.append_history_file(1, self.history)
         return line
+
+    def redraw(self) -> None:
+        """After Ctrl-Z and fg at a prompt: readline's terminal modes again (the shell put its own: line editing and
+        echo) and the prompt with the line typed so far drawn anew, at the start of the line."""
+        import termios
+        if not (lib := gnu_readline()):
+            return
+        with contextlib.suppress(termios.error, OSError, ValueError):
+            if termios.tcgetattr(self.streams.stdin.fileno())[3] & (termios.ICANON | termios.ECHO):
+                lib.rl_deprep_terminal()  # readline's own saved modes, then its modes again
+                lib.rl_prep_terminal(1)
+            self.streams.stderr.write("\r")
+            self.streams.stderr.flush()
+            lib.rl_forced_update_display()
 
     def idle_notice(self) -> threading.Timer | None:
         """Notification hooks for a prompt left waiting, after Claude Code's messageIdleNotifThresholdMs (60 s)."""
@@ -8671,7 +8876,8 @@ class LineEditor:
             while (more := lines[-1].endswith("\\")) or select.select([self.streams.stdin], [], [], 0.05)[0]:
                 lines[-1] = lines[-1][:-1] if more else lines[-1]
                 lines.append(self.read_line("… " if more else ""))
-        return "\n".join(lines).strip()
+        self.history.add(self.pastes.expanded(prompt := "\n".join(lines).strip()).strip())  # one entry, lines and all
+        return prompt
 
     def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
         """The first letter of the user's answer, asked until it is one of `answers`; "" for Ctrl-D."""
@@ -8681,7 +8887,7 @@ class LineEditor:
             termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
         while True:
             try:
-                line = self.read_line(question, history=False)
+                line = self.read_line(question)
             except EOFError:
                 self.streams.stderr.write("\n")
                 return ""
@@ -8703,26 +8909,25 @@ class Picker:
         self.editor, self.keys, self.streams, self.env = editor, editor.keys, editor.streams, env
         self.reporter = self.display = editor.display
 
-    def pick(self, rows: list[str], question: str) -> int:
+    def pick(self, rows: list[str], question: str, search: list[str] | None = None) -> int:
         """The index of the row the user picks: from a list each key typed narrows, on a terminal that can redraw
-        it; elsewhere by its number, words typed instead narrowing the list."""
+        it; elsewhere by its number, words typed instead narrowing the list (on `search`, each row's text, if given)."""
         if not rows:
             raise UsageError("there is nothing to choose from")
         if self.keys.fd is not None and self.env.get("TERM", "dumb") not in ("", "dumb"):
-            return self.pick_live(rows, question)
+            return self.pick_live(rows, question, search or rows)
         words = ""
-        while shown := narrowed(rows, words)[:10]:
+        while shown := narrowed(search or rows, words)[:10]:
             for number, i in enumerate(shown, start=1):
                 self.reporter.say(f"{number:2}. {rows[i]}")
-            answer = self.editor.read_line(f"{question} (1-{len(shown)})? ",
-                                           history=False).strip()  # or words to narrow
+            answer = self.editor.read_line(f"{question} (1-{len(shown)})? ").strip()  # or words to narrow
             if answer.isdigit() and 1 <= int(answer) <= len(shown):
                 return shown[int(answer) - 1]
             if not (words := answer):
                 break
         raise UsageError("nothing was chosen")
 
-    def pick_live(self, rows: list[str], question: str) -> int:
+    def pick_live(self, rows: list[str], question: str, search: list[str]) -> int:
         """A row picked with the arrows and Enter on a screen of its own, the list narrowed at each key typed
         (Backspace widens it) and redrawn when the terminal is resized; Esc or Ctrl-D picks none."""
         import termios
@@ -8730,7 +8935,7 @@ class Picker:
         decoder, size, saved = codecs.getincrementaldecoder("utf-8")(errors="ignore"), (80, 24), termios.tcgetattr(fd)
         try:
             while True:
-                shown = narrowed(rows, words)
+                shown = narrowed(search, words)
                 at = max(0, min(at, len(shown) - 1))
                 if not keys:
                     if recbreak(fd, saved) or not drawn:  # at first, and drawn anew after Ctrl-Z and fg
@@ -8780,10 +8985,11 @@ INIT_PROMPT = ("Write a short CLAUDE.md in the working directory (or improve the
                "how to build, test (one test too) and lint, and the architecture that takes several files to see.")
 
 
-def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
-    """A transcript's first and last prompt, whether it ended unanswered, and the checkpoints of the prompts its
-    conversation holds (a compaction keeps them: its summary names the latest prompt it stands for)."""
-    first, last, role, kept, ids = "", "", "", [], []
+def read_record(path: Path) -> tuple[str, str, bool, list[dict], str]:
+    """A transcript's first and last prompt, whether it ended unanswered, the checkpoints of the prompts its
+    conversation holds (a compaction keeps them: its summary names the latest prompt it stands for), and the text of
+    every prompt (each cut at 2,000 characters) for /resume to narrow on."""
+    first, last, role, kept, ids, said = "", "", "", [], [], []
     with contextlib.suppress(OSError), open(path, "rb") as f:
         for line in f:
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -8791,9 +8997,10 @@ def read_record(path: Path) -> tuple[str, str, bool, list[dict]]:
                     entry = json.loads(line)
                     role = entry.get("role", role)
                     last = one_line(content_text(entry), 60) if entry.get("role") == "user" else last
+                    said += [content_text(entry)[:2000]] if entry.get("role") == "user" else []
                     first = first or last
                     kept = replay_checkpoints(entry, kept, ids)
-    return first, last, role != "assistant", kept
+    return first, last, role != "assistant", kept, "\n".join(said)
 
 
 class Commands:
@@ -8958,7 +9165,7 @@ class Commands:
     def rewind(self) -> None:
         """Go back to before an earlier prompt: the conversation, the files Write, Edit and NotebookEdit changed, or
         both."""
-        prompts = [(i, m) for i, m in enumerate(self.session.messages) if prompt_id(m)][-9:]
+        prompts = [(i, m) for i, m in enumerate(self.session.messages) if prompt_id(m)][-9:][::-1]  # the latest first
         changed = [len({c["path"] for c in self.checkpoints if c["prompt_id"] >= prompt_id(m)}) for _, m in prompts]
         index, message = prompts[self.picker.pick([visible(one_line(content_text(m), 70)) + (
             f"  [{n} file{'s' * (n != 1)} changed since]" if n else "") for (_, m), n in zip(prompts, changed)],
@@ -9003,11 +9210,12 @@ class Commands:
     def resume_picked(self) -> None:
         """Go on with a session the user picks (not this one, failed runs last); on any failure this one goes on."""
         sessions, current = Sessions(self.agent.cfg), self.agent.cfg.session_id
-        found = sorted(((path, *read_record(path)[:3]) for path in sessions.recent(asked=True) if path.stem != current),
+        found = sorted(((path, *read_record(path)) for path in sessions.recent(asked=True) if path.stem != current),
                        key=lambda row: row[3])  # stable: the most recent first, failed runs after the others
         rows = [visible(sessions.describe(path) + (f" … {last}" if last != first else "")) +
-                " (ended without an answer)" * failed for path, first, last, failed in found]
-        path, messages = found[self.picker.pick(rows, "Resume which")][0], self.session.messages
+                " (ended without an answer)" * failed for path, first, last, failed, _, _ in found]
+        search = [f"{row}\n{said}" for row, (*_, said) in zip(rows, found)]  # words typed match any of its prompts
+        path, messages = found[self.picker.pick(rows, "Resume which", search)][0], self.session.messages
         self.agent.use_session(path.stem)
         try:
             self.session.messages = self.agent.conversation(path)
@@ -9047,6 +9255,7 @@ class Session:
         self.picker = Picker(self.editor, env)
         self.pending: list[str] = []  # `!command` outputs that go with the next prompt
         self.mark = 0  # the identity of this prompt (see prompt_id)
+        self.unsent = ""  # a prompt kept back for an @path that names nothing: Enter on it unchanged sends it
         self.agent = Agent(cfg, env, self.event, ask_user=self.confirm, ask_trust=self.ask_trust)  # may ask already
         self.agent.asking = self.display.lock  # while a question waits, no other line is drawn under it
         self.commands = Commands(self)
@@ -9135,6 +9344,9 @@ class Session:
         if command:
             line = render_command(command, rest, self.agent.cfg.cwd, functools.partial(inline_output, self.agent))
         else:
+            for name, path in mentioned(self.agent.cfg.cwd, line) if word != "/init" else ():
+                if path:  # each attachment on a line of its own, with its size
+                    self.reporter.say(visible(f"attached @{name} ({attachment_note(path)})"))
             line = attach_mentions(self.agent.cfg.cwd, INIT_PROMPT if word == "/init" else line)
         prompt, self.pending = "\n\n".join([*self.pending, line]), []
         return prompt, command
@@ -9168,12 +9380,28 @@ class Session:
         finally:
             self.agent.close("prompt_input_exit")
 
+    def welcome(self) -> None:
+        """The first screen: the version, model and folder; the permission mode (a warning when nothing is asked) and
+        the sandbox; the keys; each broken between its parts to the terminal's width."""
+        cfg, mode, paint = self.agent.cfg, self.agent.cfg.permission_mode, self.display.paint
+        said = {"default": "asks before commands and edits", "acceptEdits": "edits run, commands ask",
+                "plan": "read-only, then a plan", "dontAsk": "only what rules allow, never asks",
+                "bypassPermissions": "nothing asks, all runs"}.get(mode, "")
+        rule = f"permissions {mode}: {said}"
+        rule = paint(f"⚠ {rule}", "red") if mode == "bypassPermissions" else rule
+        keys = ["/help", "Esc stops", "Ctrl-O expands", "! shell", "@ file", "Ctrl-D quits"]
+        width = self.display.measure()
+        self.display.put("".join(line + "\n" for line in [
+            *fitted([visible(f"solo {VERSION}"), visible(f"model {cfg.model}"), visible(str(cfg.cwd))], width),
+            *fitted([rule, visible(f"sandbox {cfg.sandbox}")], width),
+            *(paint(line, "grey") for line in fitted(keys, width))]))
+
     def loop(self) -> int:
         """Read prompts until /exit, Ctrl-D, or Ctrl-C twice at an empty prompt."""
         import readline
         self.messages, interrupted = self.agent.conversation(*self.resume), 0.0
         self.editor.setup(self.agent)
-        self.reporter.say(f"solo {VERSION}, model {self.agent.cfg.model}. /help for commands, Ctrl-D to leave.")
+        self.welcome()
         if self.resume[0]:
             self.commands.resumed(self.resume[0])
         while True:
@@ -9208,6 +9436,9 @@ class Session:
             if not line or self.commands.command(line):
                 return None
             command = self.agent.commands.get(line[1:].partition(" ")[0]) if line.startswith("/") else None
+            if not command and not self.mentions_found(line):  # not in pastes shown collapsed
+                return None
+            line = self.editor.pastes.expanded(line).strip()
             granted = [rule for rule in (parse_rule(text, f"/{command.name}", self.agent.cfg.cwd)
                                          for text in command.allowed) if isinstance(rule, Rule)] if command else []
             self.agent.rules["allow"] += granted  # for this prompt only, its !`lines` included
@@ -9217,6 +9448,22 @@ class Session:
             self.revoke(granted)
             self.reporter.say("cancelled" if isinstance(error, (KeyboardInterrupt, EOFError)) else str(error))
             return None
+
+    def mentions_found(self, line: str) -> bool:
+        """Whether every @path of a prompt names a file or folder; if not, one line for each that does not, with close
+        names, and the prompt is not sent but kept in the line to fix (Enter on it unchanged sends it as it is)."""
+        ctx = self.agent.ctx
+        missing = [name for name, path in mentioned(ctx.cwd, line) if path is None]
+        if not missing or line == self.unsent:
+            self.unsent = ""
+            return True
+        self.unsent = self.editor.prefill = line
+        for i, name in enumerate(missing, start=1):
+            close = close_names(ctx, Path(ctx.cwd, os.path.expanduser(name)))[:3]
+            hint = f" (did you mean {' or '.join('@' + c for c in close)}?)" if close else ""
+            self.reporter.say(visible(f"no file or folder @{name}{hint}") + "; not sent: fix it, or Enter sends it as "
+                              "it is" * (i == len(missing)))
+        return False
 
     def revoke(self, granted: list[Rule]) -> None:
         """Take back the rules a custom command granted for its prompt."""

@@ -34,6 +34,27 @@ def test_two_turns_share_context_and_ctrl_d_exits_0(serve, terminal):
     assert term.wait() == 0
 
 
+@pytest.mark.parametrize("args, colour", [((), False), (("--yes",), False), (("--yes",), True)],
+                         ids=["default", "yes-dumb", "yes-xterm"])
+def test_the_first_screen_shows_folder_model_mode_sandbox_and_keys(serve, terminal, workspace, args, colour):
+    server = serve(lambda body: reply("hi"))
+    term = terminal(server, *args, term="xterm" if colour else "dumb")
+    shown = term.transcript.split("> ")[0]
+    lines = [line for line in shown.split("\r\n") if line]
+    assert lines[:2] == [f"solo {agent.VERSION} · model anthropic/claude-haiku-4.5", str(workspace)]  # the folder too long to join
+    assert len(lines) == 4 and all(len(re.sub(r"\x1b\[[0-9;]*m", "", line)) < 80 for line in lines[2:])  # 80 columns
+    assert "sandbox off" in shown
+    for key in ("/help", "Esc", "Ctrl-O", "!", "@"):
+        assert key in lines[-1]
+    if args:  # nothing will be asked: a warning that shows, in red where there is colour
+        assert "⚠ permissions bypassPermissions: nothing asks" in shown
+        assert ("\x1b[31m⚠ permissions bypassPermissions" in shown) == colour
+    else:
+        assert "permissions default: asks before commands and edits · sandbox off" in shown and "⚠" not in shown
+    term.send("\x04")
+    assert term.wait() == 0
+
+
 def test_a_confirmation_answered_n_runs_nothing(serve, terminal, workspace):
     server = serve(tool_then([call("Bash", {"command": "touch made"})], lambda body: "result: " + last_result(body)))
     term = terminal(server)
@@ -64,6 +85,56 @@ def test_always_answer_stops_asking(serve, terminal, workspace):
     term.expect("> ")  # Ctrl-D typed before the prompt would be lost, as for a person
     term.send("\x04")
     assert term.wait() == 0
+
+
+def test_always_on_a_loop_offers_the_commands_it_runs_and_the_loop_then_runs_without_asking(serve, terminal,
+                                                                                          workspace):
+    loop = "for f in a b; do touch made; done"
+    def model(body):
+        if sum(1 for m in body["messages"] if m["role"] == "tool") < 2:
+            return reply(tool_calls=[call("Bash", {"command": loop})])
+        return reply("both ran")
+    server = serve(model)
+    term = terminal(server)
+    term.send("go\r")
+    shown = term.expect(r"\[y/n/a/s\] ")
+    assert "a: allow Bash(touch:*) for this session;" in shown and not re.search(r"allow.*Bash\((for|do|done)\b", shown)
+    term.send("a\r")
+    term.expect("both ran")  # the second call of the same loop is allowed by that rule: no question
+    assert "Allow" not in term.seen and (workspace / "made").exists()
+    term.expect(PROMPT)
+    term.send("\x04")
+    assert term.wait() == 0
+
+
+def test_an_edit_that_cannot_apply_fails_at_once_without_a_question(serve, terminal, workspace):
+    """Issue 33: an Edit whose old_string is not in the file, or not once, or whose file is missing, is not asked
+    about (its diff would be a lie): it fails at once; an Edit that applies is still asked about."""
+    (workspace / "a.txt").write_text("one two two\n")
+    edits = [{"file_path": "a.txt", "old_string": "three", "new_string": "3"},
+             {"file_path": "a.txt", "old_string": "two", "new_string": "2"},
+             {"file_path": "gone.txt", "old_string": "x", "new_string": "y"},
+             {"file_path": "a.txt", "old_string": "one", "new_string": "1"}]
+
+    def model(body):
+        done = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if len(done) < len(edits):
+            return reply(tool_calls=[call("Edit", edits[len(done)])])
+        return reply("results: " + " | ".join(done))
+    server = serve(model)
+    term = terminal(server)
+    term.send("go\r")
+    shown = term.expect(r"Allow Edit\? \[y/n/a\] ")
+    assert shown.count("Allow") == 1 and "change a.txt" in shown and "+1 two two" in shown
+    term.send("n\r")
+    term.expect("results: ")
+    term.expect(PROMPT)
+    results = [m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool"]
+    assert results[0].startswith("Error: old_string was not found in a.txt")
+    assert results[1].startswith("Error: old_string was found 2 times in a.txt")
+    assert results[2].startswith("Error: file not found: gone.txt")
+    assert results[3].startswith("Error: permission denied: the user declined")  # only the last was asked about
+    assert (workspace / "a.txt").read_text() == "one two two\n"
 
 
 def test_ctrl_c_cancels_a_turn_and_returns_to_the_prompt(serve, terminal, workspace):
@@ -379,6 +450,20 @@ def test_a_tool_line_shows_while_the_command_runs_then_how_it_ended_and_its_firs
     term.expect(DRAWN_PROMPT)
 
 
+def test_no_color_keeps_a_plain_status_line(serve, terminal, workspace):
+    """Issue 33: NO_COLOR means no colour, not no progress: the spinner, seconds, tokens and "esc to interrupt" still
+    show while a command runs, with no colour anywhere."""
+    command = "echo started; while [ ! -f go ]; do sleep 0.05; done"
+    server = serve(asks_once([call("Bash", {"command": command})]))
+    term = terminal(server, "--yes", term="xterm", env={**pager_env(server, "cat"), "NO_COLOR": "1"})
+    term.send("run it\r")
+    term.expect(r"\r\x1b\[K[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] Bash\(echo started.*\(\d+s · \d+ tokens · esc to interrupt\)")
+    (workspace / "go").touch()
+    term.expect("done: ")
+    term.expect(DRAWN_PROMPT)
+    assert not re.search(r"\x1b\[[0-9;]*m", term.transcript)  # not one colour
+
+
 def test_an_accepted_edit_shows_a_coloured_diff_and_answers_render_as_markdown(serve, terminal, workspace):
     (workspace / "conf.txt").write_text("mode = safe\nlevel = 1\n")
     answer = ("# Title\nSome **bold** and `code`.\n- item\n```python\ndef f():  # note\n    return 'x'\n```\n"
@@ -560,9 +645,9 @@ def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, ter
     term.expect("did two")  # the last exchange is shown
     term.expect(PROMPT)
     term.send("\x1b\x1b")  # Esc Esc at an empty prompt: /rewind, at once even with Debian's inputrc ("\e\e[C")
-    term.expect(r"1\. one  \[2 files changed since\]")
+    term.expect(r"1\. two  \[1 file changed since\]\r\nsolo:  2\. one  \[2 files changed since\]")  # the latest first
     term.expect(r"Go back to before which prompt \(1-2\)\? ")
-    term.send("1\r")
+    term.send("2\r")
     term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
     term.send("b\r")
     term.expect("Files changed by commands")
@@ -570,6 +655,34 @@ def test_rewind_restores_files_and_conversation_and_survives_a_resume(serve, ter
     assert (workspace / "a.txt").read_text() == "original\n" and not (workspace / "b.txt").exists()
     term.send("\r")  # the prompt rewound to is back in the line
     term.expect("did one with 5 messages")
+
+
+def test_rewind_starts_at_the_latest_prompt_so_enter_rewinds_only_the_last(serve, terminal, workspace):
+    """The picker's mark is on the latest prompt at first: Enter, then b, undoes the last prompt alone."""
+    def model(body):
+        prompt = user_turns(body)[-1]
+        if body["messages"][-1]["role"] == "user" and prompt in ("one", "two"):
+            return reply(tool_calls=[call("Write", {"file_path": "a.txt", "content": f"by {prompt}\n"})])
+        return reply(f"did {prompt} with {len(body['messages'])} messages")
+
+    server = serve(model)
+    term = terminal(server, "--yes", term="xterm")
+    for prompt in ("one", "two"):
+        term.send(f"{prompt}\r")
+        term.expect(f"did {prompt}")
+        term.expect(DRAWN_PROMPT)
+    term.send("/rewind\r")
+    rows = picker(term, "Go back to before which prompt (2/2; type to narrow, ↑↓, Enter, Esc): ")
+    assert rows[1].startswith("❯ two") and rows[2].startswith("  one")
+    term.send("\r")
+    term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
+    term.send("b\r")
+    term.expect("Files changed by commands")
+    term.expect(DRAWN_PROMPT)
+    assert (workspace / "a.txt").read_text() == "by one\n"
+    term.send("\r")  # "two" is back in the line
+    term.expect("did two with 8 messages")  # "one"'s 4 are kept: only the last prompt was undone
+    assert user_turns(server.bodies[-1]) == ["one", "two"]
 
 
 def six_files(body: dict) -> dict:
@@ -682,9 +795,9 @@ def test_rewind_restores_notebooks_byte_for_byte_after_a_resume_even_deleted_or_
     term = terminal(server, "--yes", "-c", first="resumed [0-9a-f-]+: ")
     term.expect(PROMPT)
     term.send("/rewind\r")
-    term.expect(r"1\. one  \[3 files changed since\]")
+    term.expect(r"2\. one  \[3 files changed since\]")
     term.expect(r"Go back to before which prompt \(1-2\)\? ")
-    term.send("1\r")
+    term.send("2\r")
     term.expect(r"conversation \(c\), the files \(f\) or both \(b\)\? ")
     term.send("f\r")
     term.expect("Files changed by commands")
@@ -906,6 +1019,34 @@ def test_the_resume_picker_narrows_the_list_at_each_key_typed_and_widens_it_at_b
     term.send("next\r")  # the prompt reads lines again
     term.expect("answered")
     assert user_turns(server.bodies[-1]) == ["beta question", "next"]
+
+
+@pytest.mark.parametrize("term_name", ["xterm", "dumb"])
+def test_resume_narrows_on_any_prompt_of_a_session_not_only_its_first_and_last(serve, terminal, workspace, term_name):
+    server = serve(lambda body: reply(f"answered {user_turns(body)[-1]}"))
+    env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k",
+           "SOLO_HOME": str(workspace.parent / "solo-home")}
+    for prompts in (["apples first", "the middle kiwi prompt", "apples last"], ["plums first", "plums last"]):
+        term = terminal(server, env=env)
+        for prompt in prompts:
+            term.ask(prompt, f"answered {prompt}")
+        term.send("\x04")
+        assert term.wait() == 0
+    term = terminal(server, env=env, term=term_name)
+    term.send("/resume\r")
+    if term_name == "xterm":
+        picker(term, "Resume which (2/2; type to narrow, ↑↓, Enter, Esc): ")
+        term.send("kiwi")  # in neither the first nor the last prompt of its session
+        rows = [row for row in picker(term, "Resume which (1/2; type to narrow, ↑↓, Enter, Esc): kiwi")[1:] if row]
+        assert len(rows) == 1 and rows[0].startswith("❯ ") and "apples first … apples last" in rows[0]
+    else:
+        term.expect(r"Resume which \(1-2\)\? ")
+        term.send("kiwi\r")
+        assert "plums" not in term.expect(r"Resume which \(1-1\)\? ")
+        term.send("1")
+    term.send("\r")
+    term.expect(r"resumed [0-9a-f-]+: 7 messages")
+    term.expect("answered apples last")
 
 
 def test_the_resume_picker_fits_a_small_terminal_and_is_redrawn_when_it_is_resized(serve, terminal, workspace, run):

@@ -221,6 +221,26 @@ def test_always_proposes_the_commands_prefix_never_all_of_bash(command, proposed
     assert agent.proposed_rules(rules_of(), "Write", {}) == ("Edit",)
 
 
+@pytest.mark.parametrize("command, proposed", [
+    ("for x in a b; do echo hi; done", ("Bash(echo:*)",)),
+    ("for f in *.py; do wc -l x; grep y z; done | sort", ("Bash(wc:*)", "Bash(grep:*)", "Bash(sort:*)")),
+    ("if test -f x; then cat x; else ls; fi", ("Bash(test:*)", "Bash(cat:*)", "Bash(ls:*)")),
+    ("while true; do make; done", ("Bash(true:*)", "Bash(make:*)")),
+    ("until ! make; do sleep 1; done", ("Bash(make:*)", "Bash(sleep:*)")),
+    ("case $x in a) echo a;; *.txt) cat f;; esac", ("Bash(echo:*)", "Bash(cat:*)")),
+    ("for x in $(ls); do true; done", ("Bash(true:*)", "Bash(ls:*)")),
+])
+def test_always_proposes_the_commands_a_loop_or_compound_runs_never_its_keywords(command, proposed):
+    """Issue 33: `Bash(for:*)`, `Bash(do:*)`, `Bash(done)` were offered; and once the rules proposed are added, the
+    same command runs without a question (its keywords need no rule)."""
+    assert agent.proposed_rules(rules_of(), "Bash", {"command": command}) == proposed
+    assert agent.decide(rules_of(("allow", list(proposed))), "Bash", {"command": command}, Path("/p"), None)[0] == \
+        "allow"
+    assert agent.decide(rules_of(("allow", list(proposed[:-1]))), "Bash", {"command": command}, Path("/p"),
+                        None)[0] == ""
+    assert agent.proposed_rules(rules_of(), "Bash", {"command": "for x in a b; do echo $x; done"}) == ("Bash(echo:*)",)
+
+
 # --- Settings files -------------------------------------------------------------------------------
 
 
