@@ -8914,7 +8914,7 @@ class Picker:
         it; elsewhere by its number, words typed instead narrowing the list (on `search`, each row's text, if given)."""
         if not rows:
             raise UsageError("there is nothing to choose from")
-        if self.keys.fd is not None and self.env.get("TERM", "dumb") not in ("", "dumb"):
+        if self.live():
             return self.pick_live(rows, question, search or rows)
         words = ""
         while shown := narrowed(search or rows, words)[:10]:
