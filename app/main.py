@@ -8154,10 +8154,12 @@ class Markdown:
     def unfinished(self) -> str:
         """The unfinished line as it came, plain (in a code block in its frame), only its end where it would not fit
         on the screen under the table's lines shown."""
+        if not self.partial:
+            return ""
         rows = max(1, self.height - 2 - sum(rows_of(shown, self.width) for shown in self.shown))
         frame, text = (paint("│", "grey") + " ") * bool(self.fence), self.partial.expandtabs()
-        if not text or rows_of(frame + text, self.width) <= rows:
-            return frame + text if text else ""
+        if rows_of(frame + text, self.width) <= rows:
+            return frame + text
         budget, start, column = max(1, rows * (self.width - 1) - 3), len(text), 0  # room for a wide character a row
         if text.isascii():
             start -= budget

@@ -165,8 +165,9 @@ def terminal(workspace):
 
 def screen_of(transcript: str, width: int = 80) -> str:
     """What a terminal `width` columns wide shows after these bytes, scrolled-off rows included: characters (wide ones
-    two columns, combining ones none), a row that fills wraps, CR, LF, backspace, tab, and the sequences solo moves and
-    erases with (CSI A, J, K); colours and other sequences change nothing here."""
+    two columns, combining ones none), a row that fills wraps, CR, LF (to the next row's start, as a terminal's
+    output, where the line discipline turns it into CR LF), backspace, tab, and the sequences solo moves and erases
+    with (CSI A, J, K); colours and other sequences change nothing here."""
     rows: list[list[str]] = [[]]
     row = column = 0
     for token in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[^\[]?|.", transcript, re.DOTALL):
@@ -179,7 +180,7 @@ def screen_of(transcript: str, width: int = 80) -> str:
                 del rows[row + 1:]
         elif token in ("\r", "\n", "\b", "\t"):
             row += token == "\n"
-            column = {"\r": 0, "\n": column, "\b": max(0, column - 1), "\t": min(width - 1, column + 8 - column % 8)}[token]
+            column = {"\r": 0, "\n": 0, "\b": max(0, column - 1), "\t": min(width - 1, column + 8 - column % 8)}[token]
         elif token.isprintable() and (size := agent.width_of(token)):
             if column + size > width:
                 row, column = row + 1, 0
