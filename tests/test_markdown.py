@@ -3,15 +3,25 @@ indents, tables measured on the screen and aligned, and the unfinished line show
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import random
 import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from app import main as agent
-from tests.conftest import screen_of
+from tests.conftest import PROGRAM, screen_of
+from tests.fake_openrouter import Stream
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -245,3 +255,107 @@ def test_streamed_chunks_of_random_sizes_draw_the_same_answer():
         at += size
     shown.end_turn()
     assert screen_of(screen.getvalue(), 40) == screen_of("\n".join(drawn(text, 40)) + "\n", 40)
+
+
+# --- On a real terminal: tmux's screen while the model streams a word at a time ----------------------------------
+
+
+class Tmux:
+    """The program in a tmux pane of its own server (its socket in a short folder of its own), read as shown."""
+
+    def __init__(self, server, workspace: Path, width: int, height: int = 24):
+        self.folder = tempfile.mkdtemp(prefix="solo-tmux-")
+        env = {**{k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TMUX")},
+               "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
+        self.tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-c", str(workspace), str(PROGRAM), env=env)
+
+    def tmux(self, *args: str, env: dict | None = None) -> str:
+        return subprocess.run(["tmux", "-S", os.path.join(self.folder, "socket"), "-f", "/dev/null", *args],
+                              env=env, capture_output=True, text=True, timeout=10, check=True).stdout
+
+    def screen(self) -> list[str]:
+        """The pane's rows as shown, trailing spaces and empty rows at the bottom left out."""
+        return [row.rstrip() for row in self.tmux("capture-pane", "-p").rstrip("\n").split("\n")]
+
+    def wait(self, shown: Callable[[list[str]], Any], timeout: float = 15) -> list[str]:
+        """The screen once `shown` says yes about it."""
+        deadline = time.monotonic() + timeout
+        while not shown(rows := self.screen()):
+            assert time.monotonic() < deadline, "never shown; the screen:\n" + "\n".join(rows)
+            time.sleep(0.05)
+        return rows
+
+    def close(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError):
+            self.tmux("kill-server")
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def tmux(workspace):
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed")
+    panes: list[Tmux] = []
+
+    def start(server, width: int, height: int = 24) -> Tmux:
+        panes.append(Tmux(server, workspace, width, height))
+        panes[-1].wait(lambda rows: rows[-1] == ">")  # the session is up and waiting
+        return panes[-1]
+
+    yield start
+    for pane in panes:
+        pane.close()
+
+
+def word_by_word(words: list[str], gates: list[threading.Event]) -> Stream:
+    """A streamed reply that sends a word, then waits for the test's go before the next."""
+    events: list = []
+    for word, gate in zip(words, gates):
+        events += [{"choices": [{"index": 0, "delta": {"content": word}}]}, lambda gate=gate: gate.wait(20)]
+    return Stream(events + [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, "data: [DONE]\n\n"])
+
+
+def test_words_show_as_they_stream_and_the_line_is_drawn_formatted_once_complete(serve, tmux):
+    words = re.findall(r"\S+\s*", "Here **comes** a line that streams a word at a time and wraps at forty columns.\n"
+                                  "- then a list item that is long enough to wrap under its own text\nDone.")
+    gates = [threading.Event() for _ in words]
+    server = serve(lambda body: word_by_word(words, gates))
+    pane = tmux(server, 40)
+    pane.tmux("send-keys", "stream it", "Enter")
+    for i, gate in enumerate(gates[:8]):  # the first line, a word at a time: each shows before the line ends
+        so_far = "".join(words[: i + 1]).rstrip()
+        rows = pane.wait(lambda rows: so_far.replace(" ", "") in "".join(rows).replace(" ", ""))  # wrapped anywhere
+        at = next(k for k, row in enumerate(rows) if row.startswith("Here"))
+        assert "".join(rows[at:-1]).replace(" ", "") == so_far.replace(" ", "")  # plain, as it came: ** and all
+        assert rows[-1][:1] in agent.SPINNER  # the status line, on the row under it
+        gate.set()
+    for gate in gates[8:]:
+        gate.set()
+    rows = pane.wait(lambda rows: rows[-1] == ">" and "Done." in rows)
+    at = rows.index("> stream it") + 1
+    assert rows[at:] == ["Here comes a line that streams a word at",
+                         "a time and wraps at forty columns.",
+                         "• then a list item that is long enough",
+                         "  to wrap under its own text",
+                         "Done.",
+                         ">"]
+
+
+def test_a_line_shown_plain_is_drawn_at_the_width_the_terminal_has_when_it_is_complete(serve, tmux):
+    line = ("A sentence long enough to take three rows of a sixty column terminal while it streams plain, and it is "
+            "drawn formatted once the terminal has been narrowed to fifty-four columns.")
+    words = re.findall(r"\S+\s*", line + "\n| a | 名前 |\n|--|--:|\n| x | 1 |\nend\n")
+    gates = [threading.Event() for _ in words]
+    server = serve(lambda body: word_by_word(words, gates))
+    pane = tmux(server, 60)
+    pane.tmux("send-keys", "go", "Enter")
+    last = len(re.findall(r"\S+\s*", line)) - 1
+    for gate in gates[:last - 1]:
+        gate.set()
+    pane.wait(lambda rows: "".join(words[:last]).replace(" ", "") in "".join(rows).replace(" ", ""))
+    pane.tmux("resize-window", "-x", "54")  # the status line (under 50 columns) still fits on its row
+    pane.wait(lambda rows: all(len(row) <= 54 for row in rows))
+    for gate in gates[last - 1:]:
+        gate.set()
+    rows = pane.wait(lambda rows: rows[-1] == ">" and "end" in rows)
+    assert rows[rows.index("> go") + 1:] == [*agent.wrap(line, 54), "a │ 名前", "──┼─────", "x │    1", "end", ">"]
