@@ -8280,7 +8280,7 @@ class Display(Reporter):
     def put(self, text: str, stream: Any = None) -> None:
         """Text on stderr (or stdout), above the status line."""
         with self.lock, contextlib.suppress(OSError):
-            if not text and stream is not self.streams.stdout:  # on stdout: the unfinished line is drawn anew
+            if not text:
                 return
             self.clear()
             (stream or self.streams.stderr).write(text)
@@ -8348,8 +8348,14 @@ class Display(Reporter):
         return 24
 
     def draw_answer(self, text: str, end: bool = False) -> None:
-        """Draw a piece of the answer as Markdown at the terminal's size now (`end`: all that is left of it)."""
-        self.put(self.markdown.feed(text, end, width=self.measure(), height=self.height()), self.streams.stdout)
+        """Draw a piece of the answer as Markdown at the terminal's size now (`end`: all that is left of it), or only
+        its unfinished line anew when that is all that changed."""
+        with self.lock, contextlib.suppress(OSError):
+            if drawn := self.markdown.feed(text, end, width=self.measure(), height=self.height()):
+                self.put(drawn, self.streams.stdout)
+            elif self.markdown.unfinished() != self.partial:
+                self.clear()
+                self.draw()
 
     def working(self, activity: str, since: float | None = None) -> None:
         """Say on the status line what is happening now ("" when nothing is)."""
