@@ -8160,10 +8160,11 @@ class Markdown:
         frame, text = (paint("│", "grey") + " ") * bool(self.fence), self.partial.expandtabs()
         if rows_of(frame + text, self.width) <= rows:
             return frame + text
-        budget, start, column = max(1, rows * (self.width - 1) - 3), len(text), 0  # room for a wide character a row
+        budget = max(1, rows * (self.width - 1) - 3)  # a column a row left for a wide character that wraps early
         if text.isascii():
-            start -= budget
-        while not text.isascii() and start and column + width_of(text[start - 1]) <= budget:
+            return frame + "…" + text[-budget:]
+        start, column = len(text), 0
+        while start and column + width_of(text[start - 1]) <= budget:
             start, column = start - 1, column + width_of(text[start - 1])
         return frame + "…" + text[start:]
 
@@ -8375,7 +8376,7 @@ class Display(Reporter):
             self.working(activity, since + time.monotonic() - started)
 
     def end_turn(self) -> None:
-        """The turn is over (or cancelled): no status line or running call; what was shown of the answer stays, drawn."""
+        """The turn is over (or cancelled): no status line or running call; what the answer showed stays, drawn."""
         if self.markdown:
             self.draw_answer("", end=True)
         self.working("")

@@ -173,8 +173,9 @@ def chunk_to_stdout(workspace: Path) -> float:
 
 MARKDOWN_BLOCK = ("## Step {i}\nSome **bold** text with `code` and *emphasis*, then a list:\n- item one\n- item two\n"
                   "```python\ndef f(x):  # a comment\n    return 'value'\n```\n| name | value |\n|---|---|\n"
-                  "| a | 22 |\n> a quote\nA paragraph long enough to wrap at eighty columns, with [a link](https://example.com"
-                  "/docs/step-{i}) and words, so that every line of it is wrapped at words when it is complete.\n"
+                  "| a | 22 |\n> a quote\nA paragraph long enough to wrap at eighty columns, with [a link]"
+                  "(https://example.com/docs/step-{i}) and words, so that every line of it is wrapped at words when it "
+                  "is complete.\n"
                   "- a list item that wraps as well, its second row hanging under the text of the item itself\n")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import os
 import random
 import re
@@ -41,7 +42,7 @@ def test_a_paragraph_wraps_at_words_within_the_width(width):
     rows = drawn(PARAGRAPH + "\n", width)
     assert all(agent.width_of(row) <= width for row in rows) and len(rows) > len(PARAGRAPH) // width
     assert " ".join(rows).split() == PARAGRAPH.split()  # every word whole, in order
-    for row, after in zip(rows, rows[1:]):  # greedy: the next row's first word did not fit on this one
+    for row, after in itertools.pairwise(rows):  # greedy: the next row's first word did not fit on this one
         assert agent.width_of(row) + 1 + len(after.split()[0]) > width
 
 
@@ -144,7 +145,8 @@ def test_a_table_on_a_very_narrow_screen_still_draws_every_cell():
     rows = drawn("| alpha | beta | gamma |\n|---|---|---|\n| one two | three | four five six |\n", 12)
     rule = next(i for i, row in enumerate(rows) if "┼" in row)
     assert all(agent.width_of(row) <= 12 for row in rows)
-    for cells, words in ((rows[:rule], ["alpha", "beta", "gamma"]), (rows[rule + 1:], ["onetwo", "three", "fourfivesix"])):
+    for cells, words in ((rows[:rule], ["alpha", "beta", "gamma"]),
+                         (rows[rule + 1:], ["onetwo", "three", "fourfivesix"])):
         assert ["".join(row.split("│")[k].strip() for row in cells) for k in range(3)] == words
 
 
@@ -324,7 +326,7 @@ def test_words_show_as_they_stream_and_the_line_is_drawn_formatted_once_complete
     pane.tmux("send-keys", "stream it", "Enter")
     for i, gate in enumerate(gates[:8]):  # the first line, a word at a time: each shows before the line ends
         so_far = "".join(words[: i + 1]).rstrip()
-        rows = pane.wait(lambda rows: so_far.replace(" ", "") in "".join(rows).replace(" ", ""))  # wrapped anywhere
+        rows = pane.wait(lambda rows, so_far=so_far: so_far.replace(" ", "") in "".join(rows).replace(" ", ""))
         at = next(k for k, row in enumerate(rows) if row.startswith("Here"))
         assert "".join(rows[at:-1]).replace(" ", "") == so_far.replace(" ", "")  # plain, as it came: ** and all
         assert rows[-1][:1] in agent.SPINNER  # the status line, on the row under it
