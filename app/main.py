@@ -8092,13 +8092,12 @@ def aligned(cell: str, width: int, rule: str) -> str:
 
 
 class Markdown:
-    """Markdown drawn for a terminal as it streams, at the width the terminal has then: a line once complete (its
-    unfinished end shown plain meanwhile, see `unfinished`), a code block line by line in its frame, a table once
-    ended (its lines shown plain meanwhile, while they fit on the screen, then drawn over)."""
+    """Markdown drawn for a terminal as it streams, at the width the terminal has then: a line once complete, a code
+    block line by line in its frame, a table once ended; what is not drawn yet shows plain meanwhile (`unfinished`)."""
 
     def __init__(self) -> None:
         self.partial, self.fence, self.language, self.held = "", "", "", []  # held: a table's lines
-        self.width, self.height, self.shown = 80, 0, []  # shown: the table's lines drawn plain, to be drawn over
+        self.width, self.height, self.shown = 80, 0, []  # shown: the table's lines that show plain until it ends
 
     def feed(self, text: str, end: bool = False, *, width: int = 80, height: int = 0) -> str:
         """Take a piece of the text; return what can be drawn now (all of it at the end), `width` columns wide; on a
@@ -8118,8 +8117,7 @@ class Markdown:
             drawn, self.fence, self.language = self.close(), fence.group(1), fence.group(2).lower()
             return drawn + paint(f"╭─ {self.language}", "grey") + "\n"
         if line.lstrip().startswith("|"):
-            self.held.append(line.strip())
-            return self.plain(line.strip())
+            return self.hold(line.strip())
         return self.close() + self.text(line)
 
     def text(self, line: str) -> str:
@@ -8144,38 +8142,36 @@ class Markdown:
             line = code_pattern(language).sub(lambda m: paint(m.group(), m.lastgroup), line)
         return f"{paint('│', 'grey')} {line}\n"
 
-    def plain(self, line: str) -> str:
-        """A table's line as it came, shown until the table ends if it fits on the screen with those before it."""
-        if sum(rows_of(shown, self.width) for shown in [*self.shown, line]) > self.height - 3:
-            return ""
-        self.shown.append(line)
-        return line + "\n"
+    def hold(self, line: str) -> str:
+        """Hold a table's line back until the table ends (it shows as it came meanwhile, see `unfinished`, while the
+        lines so far fit on the screen); nothing is drawn yet."""
+        self.held.append(line)
+        if sum(rows_of(shown, self.width) for shown in [*self.shown, line]) <= self.height - 3:
+            self.shown.append(line)
+        return ""
 
     def unfinished(self) -> str:
-        """The unfinished line as it came, plain (in a code block in its frame), only its end where it would not fit
-        on the screen under the table's lines shown."""
+        """What shows until it is drawn: a table's lines so far, as they came, then the unfinished line as it came,
+        plain (in a code block in its frame), only its end where it would not fit on the screen under them."""
         if not self.partial:
-            return ""
+            return "\n".join(self.shown)
         rows = max(1, self.height - 2 - sum(rows_of(shown, self.width) for shown in self.shown))
         frame, text = (paint("│", "grey") + " ") * bool(self.fence), self.partial.expandtabs()
-        if rows_of(frame + text, self.width) <= rows:
-            return frame + text
-        budget = max(1, rows * (self.width - 1) - 3)  # a column a row left for a wide character that wraps early
-        if text.isascii():
-            return frame + "…" + text[-budget:]
-        start, column = len(text), 0
-        while start and column + width_of(text[start - 1]) <= budget:
-            start, column = start - 1, column + width_of(text[start - 1])
-        return frame + "…" + text[start:]
+        if rows_of(frame + text, self.width) > rows:  # a column a row left for a wide character that wraps early
+            budget = max(1, rows * (self.width - 1) - 3)
+            start, column = (len(text) - budget, budget) if text.isascii() else (len(text), 0)
+            while start > 0 and column + width_of(text[start - 1]) <= budget:
+                start, column = start - 1, column + width_of(text[start - 1])
+            text = "…" + text[max(0, start):]
+        return "\n".join([*self.shown, frame + text])
 
     def close(self) -> str:
-        """The end of a code block's frame, or the table held back, drawn (over its lines shown plain)."""
+        """The end of a code block's frame, or the table held back, drawn."""
         if self.fence:
             self.fence = ""
             return paint("╰─", "grey") + "\n"
-        up = sum(rows_of(line, self.width) for line in self.shown)
         held, self.held, self.shown = self.held, [], []
-        return f"\033[{up}A\r\033[J" * bool(up) + self.table(held) if held else ""
+        return self.table(held) if held else ""
 
     def table(self, held: list[str]) -> str:
         """A table's lines drawn: cells measured by their width on the screen, each column aligned as the rule row
@@ -8272,7 +8268,7 @@ class Display(Reporter):
         self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
         self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
-        self.partial = ""  # the answer's unfinished line as shown, plain, under the text drawn (see draw_partial)
+        self.partial = ""  # what the answer shows plain until it is drawn, under the text drawn (see draw_partial)
 
     def paint(self, text: str, *styles: str) -> str:
         """Text in styles, on a terminal that shows them."""
@@ -8305,7 +8301,8 @@ class Display(Reporter):
             self.streams.stderr.write("\r\033[K")
             self.status = False
         if self.partial:  # the rows it takes now: the terminal may have been resized
-            self.streams.stdout.write(f"\033[{rows_of(self.partial, self.measure())}A\r\033[J")
+            rows = sum(rows_of(line, self.measure()) for line in self.partial.split("\n"))
+            self.streams.stdout.write(f"\033[{rows}A\r\033[J")
             self.streams.stdout.flush()
             self.partial = ""
 
@@ -8335,8 +8332,9 @@ class Display(Reporter):
             self.lock.release()
 
     def draw_partial(self) -> None:
-        """The answer's unfinished line as it came, plain, under the text drawn, if it is not on the screen; the
-        cursor goes to the next row (the status line's): `clear` takes it off, the complete line is drawn instead."""
+        """What the answer shows plain until it is drawn (its unfinished line, a table's lines so far), under the text
+        drawn, if it is not on the screen; the cursor goes to the next row (the status line's); `clear` takes it off:
+        anything drawn comes above it, and a complete line or table is drawn in its place."""
         if self.markdown and not self.partial and (text := self.markdown.unfinished()):
             self.streams.stdout.write(text + "\n")
             self.streams.stdout.flush()
@@ -8350,12 +8348,15 @@ class Display(Reporter):
 
     def draw_answer(self, text: str, end: bool = False) -> None:
         """Draw a piece of the answer as Markdown at the terminal's size now (`end`: all that is left of it), or only
-        its unfinished line anew when that is all that changed."""
+        what shows plain anew when that is all that changed; a line shown plain as it is drawn stays as it is."""
         with self.lock, contextlib.suppress(OSError):
-            if drawn := self.markdown.feed(text, end, width=self.measure(), height=self.height()):
-                self.put(drawn, self.streams.stdout)
-            elif self.markdown.unfinished() != self.partial:
+            drawn = self.markdown.feed(text, end, width=self.measure(), height=self.height())
+            if self.partial and drawn.startswith(self.partial + "\n"):
+                drawn, self.partial = drawn[len(self.partial) + 1:], ""
+            if drawn or self.markdown.unfinished() != self.partial:
                 self.clear()
+                self.streams.stdout.write(drawn)
+                self.streams.stdout.flush()
                 self.draw()
 
     def working(self, activity: str, since: float | None = None) -> None:

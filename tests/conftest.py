@@ -167,13 +167,14 @@ def screen_of(transcript: str, width: int = 80) -> str:
     """What a terminal `width` columns wide shows after these bytes, scrolled-off rows included: characters (wide ones
     two columns, combining ones none), a row that fills wraps, CR, LF (to the next row's start, as a terminal's
     output, where the line discipline turns it into CR LF), backspace, tab, and the sequences solo moves and erases
-    with (CSI A, J, K); colours and other sequences change nothing here."""
+    with (CSI A, C, J, K); colours and other sequences change nothing here."""
     rows: list[list[str]] = [[]]
     row = column = 0
     for token in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[^\[]?|.", transcript, re.DOTALL):
-        csi = re.fullmatch(r"\x1b\[(\d*)([AJK])", token)
-        if csi and csi.group(2) == "A":
-            row, column = max(0, row - int(csi.group(1) or 1)), min(column, width - 1)
+        csi = re.fullmatch(r"\x1b\[(\d*)([ACJK])", token)
+        if csi and csi.group(2) in "AC":  # up, right: never past the edges
+            up, right = int(csi.group(1) or 1) * (csi.group(2) == "A"), int(csi.group(1) or 1) * (csi.group(2) == "C")
+            row, column = max(0, row - up), min(column + right, width - 1)
         elif csi and csi.group(1) in ("", "0"):  # erase to the end of the row (K) or of the screen (J)
             del rows[row][column:]
             if csi.group(2) == "J":

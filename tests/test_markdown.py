@@ -207,6 +207,17 @@ def test_the_unfinished_line_shows_plain_as_it_comes_with_the_status_line_under_
     assert "**" not in screen_of(screen.getvalue(), 40) and "thinking" in rows[-1]
 
 
+def test_a_line_shown_plain_as_it_is_drawn_stays_as_it_is():
+    shown, screen = display(40)
+    shown.working("thinking")
+    for piece in ("Plain ", "words that fit.", "\nDone"):
+        shown.delta({"content": piece})
+    shown({"type": "assistant", "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop", "usage": {}})
+    assert screen.getvalue().count("\x1b[1A\r\x1b[J") == 1  # "Plain " drawn anew as "Plain words that fit.", once
+    assert screen.getvalue().count("Plain words that fit.") == 1 and screen.getvalue().count("Done") == 1
+    assert screen_of(screen.getvalue(), 40).split("\n")[:2] == ["Plain words that fit.", "Done"]
+
+
 def test_rows_of_an_unfinished_line_are_counted_at_the_width_when_it_is_drawn_over():
     shown, screen = display(80)
     shown.delta({"content": "word " * 12})  # 60 columns: one row at 80
@@ -222,6 +233,19 @@ def test_a_table_shows_its_lines_plain_until_it_ends_and_is_drawn_over_them():
     shown.delta({"content": "after"})
     shown.delta({"content": " it\n"})
     assert screen_of(screen.getvalue(), 40) == "a │ b\n──┼─────\n1 │ 漢字\nafter it\n"
+
+
+def test_a_note_while_a_table_streams_goes_above_what_shows_plain_and_leaves_nothing_stale():
+    shown, screen = display(40)
+    shown.working("thinking")
+    shown.delta({"content": "| a | b |\n|---|---|\n| 1 | 2"})
+    shown.say("a hook said something")
+    assert screen_of(screen.getvalue(), 40).split("\n")[:4] == ["solo: a hook said something", "| a | b |",
+                                                                "|---|---|", "| 1 | 2"]
+    shown.delta({"content": " |\nafter\n"})
+    rows = screen_of(screen.getvalue(), 40).split("\n")
+    assert rows[:5] == ["solo: a hook said something", "a │ b", "──┼──", "1 │ 2", "after"]
+    assert rows[5][:1] in agent.SPINNER and len(rows) == 6
 
 
 def test_a_long_unfinished_line_shows_only_its_end_where_it_would_not_fit_on_the_screen():
