@@ -8268,7 +8268,7 @@ class Display(Reporter):
         self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
         self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
-        self.partial = ""  # what the answer shows plain until it is drawn, under the text drawn (see draw_partial)
+        self.plain = ""  # what the answer shows plain until it is drawn, under the text drawn (see draw_plain)
 
     def paint(self, text: str, *styles: str) -> str:
         """Text in styles, on a terminal that shows them."""
@@ -8295,16 +8295,17 @@ class Display(Reporter):
         """The status line says what happens instead."""
 
     def clear(self) -> None:
-        """Take the status line off the screen, for something drawn in its place (below the to-do list)."""
+        """Take the status line off the screen, and what the answer shows plain above it, for something drawn in their
+        place (below the to-do list)."""
         self.listed = 0
         if self.status:
             self.streams.stderr.write("\r\033[K")
             self.status = False
-        if self.partial:  # the rows it takes now: the terminal may have been resized
-            rows = sum(rows_of(line, self.measure()) for line in self.partial.split("\n"))
+        if self.plain:  # the rows it takes now: the terminal may have been resized
+            rows = sum(rows_of(line, self.measure()) for line in self.plain.split("\n"))
             self.streams.stdout.write(f"\033[{rows}A\r\033[J")
             self.streams.stdout.flush()
-            self.partial = ""
+            self.plain = ""
 
     def measure(self) -> int:
         """The terminal's width now (it may have been resized since), else the last one known."""
@@ -8318,7 +8319,7 @@ class Display(Reporter):
         if not self.lock.acquire(blocking=False):
             return
         try:
-            self.draw_partial()
+            self.draw_plain()
             if self.fancy and self.activity:
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
@@ -8331,14 +8332,14 @@ class Display(Reporter):
         finally:
             self.lock.release()
 
-    def draw_partial(self) -> None:
+    def draw_plain(self) -> None:
         """What the answer shows plain until it is drawn (its unfinished line, a table's lines so far), under the text
         drawn, if it is not on the screen; the cursor goes to the next row (the status line's); `clear` takes it off:
         anything drawn comes above it, and a complete line or table is drawn in its place."""
-        if self.markdown and not self.partial and (text := self.markdown.unfinished()):
+        if self.markdown and not self.plain and (text := self.markdown.unfinished()):
             self.streams.stdout.write(text + "\n")
             self.streams.stdout.flush()
-            self.partial = text
+            self.plain = text
 
     def height(self) -> int:
         """The terminal's height now (24 where it does not say)."""
@@ -8351,9 +8352,9 @@ class Display(Reporter):
         what shows plain anew when that is all that changed; a line shown plain as it is drawn stays as it is."""
         with self.lock, contextlib.suppress(OSError):
             drawn = self.markdown.feed(text, end, width=self.measure(), height=self.height())
-            if self.partial and drawn.startswith(self.partial + "\n"):
-                drawn, self.partial = drawn[len(self.partial) + 1:], ""
-            if drawn or self.markdown.unfinished() != self.partial:
+            if self.plain and drawn.startswith(self.plain + "\n"):
+                drawn, self.plain = drawn[len(self.plain) + 1:], ""
+            if drawn or self.markdown.unfinished() != self.plain:
                 self.clear()
                 self.streams.stdout.write(drawn)
                 self.streams.stdout.flush()
