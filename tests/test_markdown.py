@@ -348,12 +348,14 @@ def test_words_show_as_they_stream_and_the_line_is_drawn_formatted_once_complete
     server = serve(lambda body: word_by_word(words, gates))
     pane = tmux(server, 40)
     pane.tmux("send-keys", "stream it", "Enter")
+    def shown(rows: list[str], so_far: str) -> bool:
+        """The words so far on the rows after the prompt, plain, as they came (** and all, wrapped by the terminal
+        anywhere), and the status line on the row under them, neither drawn over the other."""
+        at = rows.index("> stream it") + 1 if "> stream it" in rows else len(rows)
+        return "".join(rows[at:-1]).replace(" ", "") == so_far.replace(" ", "") and rows[-1][:1] in agent.SPINNER
+
     for i, gate in enumerate(gates[:8]):  # the first line, a word at a time: each shows before the line ends
-        so_far = "".join(words[: i + 1]).rstrip()
-        rows = pane.wait(lambda rows, so_far=so_far: so_far.replace(" ", "") in "".join(rows).replace(" ", ""))
-        at = next(k for k, row in enumerate(rows) if row.startswith("Here"))
-        assert "".join(rows[at:-1]).replace(" ", "") == so_far.replace(" ", "")  # plain, as it came: ** and all
-        assert rows[-1][:1] in agent.SPINNER  # the status line, on the row under it
+        pane.wait(lambda rows, i=i: shown(rows, "".join(words[: i + 1])))
         gate.set()
     for gate in gates[8:]:
         gate.set()
