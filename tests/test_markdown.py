@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 
 from app import main as agent
 from tests.conftest import PROGRAM, screen_of
-from tests.fake_openrouter import Stream
+from tests.fake_openrouter import Stream, reply
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -387,3 +388,31 @@ def test_a_line_shown_plain_is_drawn_at_the_width_the_terminal_has_when_it_is_co
         gate.set()
     rows = pane.wait(lambda rows: rows[-1] == ">" and "end" in rows)
     assert rows[rows.index("> go") + 1:] == [*agent.wrap(line, 54), "a │ 名前", "──┼─────", "x │    1", "end", ">"]
+
+
+def test_esc_in_the_middle_of_a_line_keeps_the_words_shown_drawn_and_nothing_stale(serve, tmux):
+    words = ["Here ", "**comes** ", "a ", "line ", "never ", "finished"]
+    gates = [threading.Event() for _ in words]
+    server = serve(lambda body: word_by_word(words, gates))
+    pane = tmux(server, 40)
+    pane.tmux("send-keys", "stream it", "Enter")
+    for gate in gates[:3]:
+        gate.set()
+    pane.wait(lambda rows: "Here **comes** a line" in rows)
+    pane.tmux("send-keys", "Escape")
+    rows = pane.wait(lambda rows: rows[-1] == ">" and "solo: cancelled" in rows)
+    assert rows[rows.index("> stream it") + 1:] == ["Here comes a line", "solo: cancelled", ">"]
+    for gate in gates:
+        gate.set()
+
+
+def test_a_table_of_wide_characters_emoji_and_combining_marks_on_a_real_terminal(serve, tmux):
+    answer = ("| name | 名前 | mark |\n|:--|:--:|--:|\n| e\u0301te\u0301 | 漢字テスト | 👍 |\n| plain | ab | ✅✅ |\n"
+              "| x | 日本 | - |\nend")
+    server = serve(lambda body: reply(answer))
+    pane = tmux(server, 80)
+    pane.tmux("send-keys", "a table", "Enter")
+    rows = pane.wait(lambda rows: rows[-1] == ">" and "end" in rows)
+    assert [unicodedata.normalize("NFC", row) for row in rows[rows.index("> a table") + 1:]] == [
+        "name  │    名前    │ mark", "──────┼────────────┼─────", "été   │ 漢字テスト │   👍",
+        "plain │     ab     │ ✅✅", "x     │    日本    │    -", "end", ">"]
