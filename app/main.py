@@ -7915,8 +7915,8 @@ def width_of(text: str) -> int:
         text = re.sub(r"\033\[[0-9;]*m", "", text)
     if text.isascii():
         return len(text)
-    if len(text) > 1:
-        return sum(map(width_of, text))
+    if len(text) > 1:  # an ASCII character takes one column: only the others are looked at
+        return len(text) + sum(width_of(ch) - 1 for ch in re.findall(r"[^\x00-\x7f]", text))
     import unicodedata  # only for text that is not ASCII
     return 2 if unicodedata.east_asian_width(text) in "WF" else 0 if unicodedata.category(text) in ("Mn", "Me", "Cf") \
         else 1
@@ -7986,12 +7986,17 @@ def show_paged(text: str, pager: str, fd: int, lent: Callable[[Any], None] = lam
     return f"the pager {pager!r} ended with exit code {child.returncode}" if child.returncode > 0 else ""
 
 
+def narrow(text: str) -> bool:
+    """Whether no character of a text takes two columns (only those that are not ASCII are looked at, each once)."""
+    return text.isascii() or all(width_of(ch) < 2 for ch in set(re.findall(r"[^\x00-\x7f]", text)))
+
+
 def rows_of(line: str, width: int) -> int:
     """The terminal rows a drawn line takes at a width: it wraps, wide characters take two columns, a wide one that
     does not fit on a row goes to the next."""
     line, width = re.sub(r"\033\[[0-9;]*m", "", line), max(1, width)
-    if line.isascii():
-        return max(1, -(-len(line) // width))
+    if narrow(line):  # no row ends early
+        return max(1, -(-width_of(line) // width))
     rows, column = 1, 0
     for size in map(width_of, line):
         rows, column = (rows + 1, size) if column + size > width else (rows, column + size)
@@ -8157,9 +8162,9 @@ class Markdown:
             return "\n".join(self.shown)
         rows = max(1, self.height - 2 - sum(rows_of(shown, self.width) for shown in self.shown))
         frame, text = (paint("│", "grey") + " ") * bool(self.fence), self.partial.expandtabs()
-        if rows_of(frame + text, self.width) > rows:  # a column a row left for a wide character that wraps early
-            budget = max(1, rows * (self.width - 1) - 3)
-            start, column = (len(text) - budget, budget) if text.isascii() else (len(text), 0)
+        if len(text) > rows * self.width or rows_of(frame + text, self.width) > rows:  # a character takes a column
+            budget = max(1, rows * (self.width - 1) - 3)  # a column a row left for a wide character that wraps early
+            start, column = (len(text) - budget, budget) if narrow(text) else (len(text), 0)
             while start > 0 and column + width_of(text[start - 1]) <= budget:
                 start, column = start - 1, column + width_of(text[start - 1])
             text = "…" + text[max(0, start):]
@@ -8354,10 +8359,11 @@ class Display(Reporter):
             drawn = self.markdown.feed(text, end, width=self.measure(), height=self.height())
             if self.plain and drawn.startswith(self.plain + "\n"):
                 drawn, self.plain = drawn[len(self.plain) + 1:], ""
-            if drawn or self.markdown.unfinished() != self.plain:
+            if (plain := self.markdown.unfinished()) != self.plain or drawn:
                 self.clear()
-                self.streams.stdout.write(drawn)
+                self.streams.stdout.write(drawn + (plain + "\n") * bool(plain))
                 self.streams.stdout.flush()
+                self.plain = plain
                 self.draw()
 
     def working(self, activity: str, since: float | None = None) -> None:

@@ -172,10 +172,10 @@ def chunk_to_stdout(workspace: Path) -> float:
 
 
 MARKDOWN_BLOCK = ("## Step {i}\nSome **bold** text with `code` and *emphasis*, then a list:\n- item one\n- item two\n"
-                  "```python\ndef f(x):  # a comment\n    return 'value'\n```\n| name | value |\n|---|---|\n"
-                  "| a | 22 |\n> a quote\nA paragraph long enough to wrap at eighty columns, with [a link]"
-                  "(https://example.com/docs/step-{i}) and words, so that every line of it is wrapped at words when it "
-                  "is complete.\n"
+                  "```python\ndef f(x):  # a comment\n    return 'value'\n```\n| name | value |\n|---|--:|\n"
+                  "| a | 22 |\n| 名前 | 👍 |\n> a quote\nA paragraph long enough to wrap at eighty columns — with [a link]"
+                  "(https://example.com/docs/step-{i}) and “words”, so that every line of it is wrapped at words when "
+                  "it is complete.\n"
                   "- a list item that wraps as well, its second row hanging under the text of the item itself\n")
 
 
@@ -192,7 +192,7 @@ def markdown_chunk(lines: int = 2000) -> tuple[float, float, float]:
         def isatty(self) -> bool:
             return True
 
-    text = "\n".join("".join(MARKDOWN_BLOCK.format(i=i) for i in range(lines // 15 + 1)).split("\n")[:lines])
+    text = "\n".join("".join(MARKDOWN_BLOCK.format(i=i) for i in range(lines // 16 + 1)).split("\n")[:lines])
     display = agent.Display(agent.Config(api_key="k", cwd=Path.cwd()), agent.Streams(None, Screen(), Screen()),
                             {"TERM": "xterm"})
     display.working("thinking")
