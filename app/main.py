@@ -29,7 +29,10 @@ Sections, in the order data flows:
     The agent loop                      ask, run the calls, repeat; the Agent shared by conversations
     Command line, Claude Code's output  flags and Config; text, json and stream-json as Claude Code writes them
     Prompts and runs                    one -p run
-    Terminal                            drawing on a terminal; the keys read during a turn
+    Terminal                            drawing on a terminal: styles, widths on the screen, modes, keys, the pager
+    Markdown                            answers drawn as they stream: wrapped at words, tables measured on the screen
+    Screen                              what a session shows: tool calls, diffs, the answer, the status line; the keys
+                                        read during a turn
     Line editor                         the prompt line: readline, Tab, history, paste, questions; the live picker
     Session                             the interactive session: its commands, /rewind's checkpoints, the loop, a turn
     SDK mode, ACP mode, ACP sessions    the Agent SDK's protocol; the Agent Client Protocol of editors (--acp)
@@ -8012,6 +8015,11 @@ def todo_lines(todos: list[dict], limit: int) -> list[str]:
         start: start + limit]] or ["(no items)"]) + [f"… +{rest} more"] * (rest > 0)  # a line an item, breaks and all
 
 
+# --- Markdown -------------------------------------------------------------------------------------
+# An answer drawn as it streams, at the width the terminal has when each line is drawn: wrapped at words with hanging
+# indents, code framed and highlighted, tables measured by their width on the screen. Pure text: Display writes it.
+
+
 @functools.cache
 def code_pattern(language: str) -> re.Pattern:
     """A language's comments, strings and keywords, as one pattern."""
@@ -8197,6 +8205,11 @@ class Markdown:
                                                 for cell, w, align in zip(cells, widths, aligns)).rstrip()
                       for k in range(max(map(len, cells)))]
         return "".join(line + "\n" for line in drawn)
+
+
+# --- Screen ---------------------------------------------------------------------------------------
+# A session's screen: each tool call's line and result, diffs, the answer as Markdown, what it shows plain until it is
+# drawn, the status line under it; and the keys read during a turn (Esc, Ctrl-O).
 
 
 def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> str:
