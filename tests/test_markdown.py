@@ -236,6 +236,16 @@ def test_a_table_shows_its_lines_plain_until_it_ends_and_is_drawn_over_them():
     assert screen_of(screen.getvalue(), 40) == "a │ b\n──┼─────\n1 │ 漢字\nafter it\n"
 
 
+def test_a_table_longer_than_the_screen_shows_the_lines_that_fit_then_is_drawn_whole():
+    shown, screen = display(40)  # 24 rows: what shows plain stays on the screen, where it can be taken off
+    table = "| n | square |\n|--:|--:|\n" + "".join(f"| {i} | {i * i} |\n" for i in range(40))
+    shown.delta({"content": table + "after"})
+    assert screen_of(screen.getvalue(), 40).split("\n")[:-1] == table.split("\n")[:21] + ["after"]
+    shown.delta({"content": "\n"})
+    rows = screen_of(screen.getvalue(), 40).split("\n")
+    assert rows[:3] == [" n │ square", "───┼───────", " 0 │      0"] and rows[41:43] == ["39 │   1521", "after"]
+
+
 def test_a_note_while_a_table_streams_goes_above_what_shows_plain_and_leaves_nothing_stale():
     shown, screen = display(40)
     shown.working("thinking")
