@@ -29,7 +29,10 @@ Sections, in the order data flows:
     The agent loop                      ask, run the calls, repeat; the Agent shared by conversations
     Command line, Claude Code's output  flags and Config; text, json and stream-json as Claude Code writes them
     Prompts and runs                    one -p run
-    Terminal                            drawing on a terminal; the keys read during a turn
+    Terminal                            drawing on a terminal: styles, widths on the screen, modes, keys, the pager
+    Markdown                            answers drawn as they stream: wrapped at words, tables measured on the screen
+    Screen                              what a session shows: tool calls, diffs, the answer, the status line; the keys
+                                        read during a turn
     Line editor                         the prompt line: readline, Tab, history, paste, questions; the live picker
     Session                             the interactive session: its commands, /rewind's checkpoints, the loop, a turn
     SDK mode, ACP mode, ACP sessions    the Agent SDK's protocol; the Agent Client Protocol of editors (--acp)
@@ -7994,9 +7997,19 @@ def paint(text: str, *styles: str) -> str:
     return f"\033[{';'.join(SGR[s] for s in styles)}m{text}\033[0m" if styles and text else text
 
 
+@functools.lru_cache(maxsize=4096)
 def width_of(text: str) -> int:
-    """The columns a drawn text takes (its escape sequences take none)."""
-    return len(re.sub(r"\033\[[0-9;]*m", "", text))
+    """The columns a drawn text takes on a screen: its escape sequences none, East Asian wide characters and emoji
+    two, combining marks and other zero-width characters none (each character's width is kept once known)."""
+    if "\033" in text:
+        text = re.sub(r"\033\[[0-9;]*m", "", text)
+    if text.isascii():
+        return len(text)
+    if len(text) > 1:  # an ASCII character takes one column: only the others are looked at
+        return len(text) + sum(width_of(ch) - 1 for ch in re.findall(r"[^\x00-\x7f]", text))
+    import unicodedata  # only for text that is not ASCII
+    return 2 if unicodedata.east_asian_width(text) in "WF" else 0 if unicodedata.category(text) in ("Mn", "Me", "Cf") \
+        else 1
 
 
 def fitted(parts: list[str], width: int) -> list[str]:
@@ -8074,13 +8087,19 @@ def show_paged(text: str, pager: str, fd: int, lent: Callable[[Any], None] = lam
     return f"the pager {pager!r} ended with exit code {child.returncode}" if child.returncode > 0 else ""
 
 
+def narrow(text: str) -> bool:
+    """Whether no character of a text takes two columns (only those that are not ASCII are looked at, each once)."""
+    return text.isascii() or all(width_of(ch) < 2 for ch in set(re.findall(r"[^\x00-\x7f]", text)))
+
+
 def rows_of(line: str, width: int) -> int:
     """The terminal rows a drawn line takes at a width: it wraps, wide characters take two columns, a wide one that
     does not fit on a row goes to the next."""
-    import unicodedata  # only when the to-do list is drawn
+    line, width = re.sub(r"\033\[[0-9;]*m", "", line), max(1, width)
+    if narrow(line):  # no row ends early
+        return max(1, -(-width_of(line) // width))
     rows, column = 1, 0
-    for ch in re.sub(r"\033\[[0-9;]*m", "", line):
-        size = 2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+    for size in map(width_of, line):
         rows, column = (rows + 1, size) if column + size > width else (rows, column + size)
     return rows
 
@@ -8092,6 +8111,11 @@ def todo_lines(todos: list[dict], limit: int) -> list[str]:
     rest = len(todos) - start - limit
     return [f"… {start} completed"] * bool(start) + ([one_line(visible(checklist([todo])), 500) for todo in todos[
         start: start + limit]] or ["(no items)"]) + [f"… +{rest} more"] * (rest > 0)  # a line an item, breaks and all
+
+
+# --- Markdown -------------------------------------------------------------------------------------
+# An answer drawn as it streams, at the width the terminal has when each line is drawn: wrapped at words with hanging
+# indents, code framed and highlighted, tables measured by their width on the screen. Pure text: Display writes it.
 
 
 @functools.cache
@@ -8119,52 +8143,171 @@ def inline(text: str) -> str:
     return inline_pattern().sub(span, text)
 
 
+def pieces_of(word: str, first: int, rest: int) -> list[str]:
+    """A word too long for a row, cut into pieces: the first `first` columns wide, the others `rest` (a piece takes
+    one character at least; escape sequences take no room)."""
+    parts, part, column, room = [], "", 0, first
+    for token in re.findall(r"\033\[[0-9;]*m|.", word, re.DOTALL):
+        size = width_of(token)
+        if column and column + size > room:
+            parts, part, column, room = parts + [part], "", 0, rest
+        part, column = part + token, column + size
+    return parts + [part]
+
+
+def wrap(line: str, width: int, hang: str = "") -> list[str]:
+    """A drawn line as rows of at most `width` columns cut at spaces (a word longer than a row is cut, from a row of
+    its own), the rows after the first starting with `hang`; a style open at the end of a row goes on after the hang."""
+    if width_of(line) <= width:
+        return [line]
+    indent, rows, column = width_of(hang), [""], 0
+    for space, word in re.findall(r"( *)([^ ]+)", line):
+        size = width_of(word)
+        if rows[-1] and column + len(space) + size > width:  # the word starts the next row
+            rows, column, space = rows + [""], indent, ""
+        too_long = column + len(space) + size > width
+        for i, piece in enumerate(pieces_of(word, width - column - len(space), width - indent) if too_long else [word]):
+            if i:
+                rows, column, space = rows + [""], indent, ""
+            rows[-1], column = rows[-1] + space + piece, column + len(space) + width_of(piece)
+    drawn, style = [], ""
+    for i, row in enumerate(rows):
+        before = style
+        for code in re.findall(r"\033\[[0-9;]*m", row):
+            style = "" if code == "\033[0m" else style + code
+        drawn.append(hang * bool(i) + before + row + "\033[0m" * bool(style))
+    return drawn
+
+
+def column_widths(widths: list[int], room: int) -> list[int]:
+    """Columns' widths narrowed to fit in `room` columns, the widest first down to the next widest, so that narrow
+    columns (numbers, names) keep their width and the wide ones wrap their text."""
+    if sum(widths) <= room:
+        return widths
+    cap = min(max(widths), room)
+    while cap > 1 and sum(min(w, cap) for w in widths) > room:
+        cap -= 1
+    fitted = [min(w, cap) for w in widths]
+    spare = room - sum(fitted)
+    for i in (i for i, w in enumerate(widths) if w > cap):
+        fitted[i], spare = fitted[i] + (spare > 0), spare - 1
+    return fitted
+
+
+def aligned(cell: str, width: int, rule: str) -> str:
+    """A table's cell padded to its column's width as the column's cell of the rule row says: `:-:` centred, `-:`
+    right, else left."""
+    room = width - width_of(cell)
+    left = room // 2 if rule.startswith(":") and rule.endswith(":") and len(rule) > 1 else room * rule.endswith(":")
+    return " " * left + cell + " " * (room - left)
+
+
 class Markdown:
-    """Markdown drawn for a terminal as it streams: a line once complete, a code block or table once ended."""
+    """Markdown drawn for a terminal as it streams, at the width the terminal has then: a line once complete, a code
+    block line by line in its frame, a table once ended; what is not drawn yet shows plain meanwhile (`unfinished`)."""
 
     def __init__(self) -> None:
-        self.partial, self.fence, self.language, self.held = "", "", "", []  # held: a code block's or table's lines
+        self.partial, self.fence, self.language, self.held = "", "", "", []  # held: a table's lines
+        self.width, self.height, self.shown = 80, 0, []  # shown: the table's lines that show plain until it ends
 
-    def feed(self, text: str, end: bool = False) -> str:
-        """Take a piece of the text; return what can be drawn now (all of it at the end)."""
+    def feed(self, text: str, end: bool = False, *, width: int = 80, height: int = 0) -> str:
+        """Take a piece of the text; return what can be drawn now (all of it at the end), `width` columns wide; on a
+        screen `height` rows high a table's lines show plain until it ends (0: not)."""
+        self.width, self.height = max(1, width), height
+        if "\n" not in text and not end:  # the common piece: a few words of a line
+            self.partial += text
+            return ""
         *lines, self.partial = (self.partial + text + "\n" * (end and bool(self.partial + text))).split("\n")
         return "".join(map(self.line, lines)) + (self.close() if end else "")
 
     def line(self, line: str) -> str:
-        """One complete line, drawn, or held back in a code block or a table."""
+        """One complete line, drawn (a code block's in its frame), or held back in a table."""
         if self.fence:
-            return self.close() if line.strip().startswith(self.fence) else self.held.append(line) or ""
+            return self.close() if line.strip().startswith(self.fence) else self.code(line)
         if fence := re.match(r"\s*(```+|~~~+)\s*([\w+#.-]*)", line):
             drawn, self.fence, self.language = self.close(), fence.group(1), fence.group(2).lower()
-            return drawn
+            return drawn + paint(f"╭─ {self.language}", "grey") + "\n"
         if line.lstrip().startswith("|"):
-            return self.held.append(line.strip()) or ""
-        drawn = self.close()
+            return self.hold(line.strip())
+        return self.close() + self.text(line)
+
+    def text(self, line: str) -> str:
+        """A line of text drawn and wrapped at the width at spaces, its rows after the first under its text: a
+        heading, a quote (its bar on every row), a rule, a list item, a paragraph's line."""
         if heading := re.match(r"(#{1,6})\s+(.*)", line):
-            return drawn + paint(inline(heading.group(2)), "bold", *["under"][:len(heading.group(1)) == 1]) + "\n"
-        if quote := re.match(r"\s*>\s?(.*)", line):
-            return drawn + paint("│ ", "grey") + paint(inline(quote.group(1)), "italic") + "\n"
-        if re.fullmatch(r"\s*([-*_])(\s*\1){2,}\s*", line):
-            return drawn + paint("─" * 40, "grey") + "\n"
-        return drawn + re.sub(r"^(\s*)[-*+]\s+", r"\1• ", inline(line)) + "\n"
+            drawn, hang = paint(inline(heading.group(2)), "bold", *["under"][:len(heading.group(1)) == 1]), ""
+        elif quote := re.match(r"\s*>\s?(.*)", line):
+            drawn, hang = paint("│ ", "grey") + paint(inline(quote.group(1)), "italic"), paint("│ ", "grey")
+        elif re.fullmatch(r"\s*([-*_])(\s*\1){2,}\s*", line):
+            return paint("─" * min(40, self.width), "grey") + "\n"
+        else:
+            item = re.match(r"(\s*)(?:([-*+])\s+|\d{1,9}[.)]\s+)?", line)
+            drawn = re.sub(r"^(\s*)[-*+]\s+", r"\1• ", inline(line))
+            hang = " " * (len(item.group(1)) + 2 if item.group(2) else len(item.group()))
+        return "\n".join(wrap(drawn, self.width, hang)) + "\n"
+
+    def code(self, line: str) -> str:
+        """A code block's line in its frame, highlighted (code is not wrapped: the terminal wraps a long line)."""
+        language = LANGUAGES.get(self.language, self.language)
+        if language in KEYWORDS:
+            line = code_pattern(language).sub(lambda m: paint(m.group(), m.lastgroup), line)
+        return f"{paint('│', 'grey')} {line}\n"
+
+    def hold(self, line: str) -> str:
+        """Hold a table's line back until the table ends (it shows as it came meanwhile, see `unfinished`, while the
+        lines so far fit on the screen); nothing is drawn yet."""
+        self.held.append(line)
+        if sum(rows_of(shown, self.width) for shown in [*self.shown, line]) <= self.height - 3:
+            self.shown.append(line)
+        return ""
+
+    def unfinished(self) -> str:
+        """What shows until it is drawn: a table's lines so far, as they came, then the unfinished line as it came,
+        plain (in a code block in its frame), only its end where it would not fit on the screen under them."""
+        if not self.partial:
+            return "\n".join(self.shown)
+        rows = max(1, self.height - 2 - sum(rows_of(shown, self.width) for shown in self.shown))
+        frame, text = (paint("│", "grey") + " ") * bool(self.fence), self.partial.expandtabs()
+        if len(text) > rows * self.width or rows_of(frame + text, self.width) > rows:  # a character takes a column
+            budget = max(1, rows * (self.width - 1) - 3)  # a column a row left for a wide character that wraps early
+            start, column = (len(text) - budget, budget) if narrow(text) else (len(text), 0)
+            while start > 0 and column + width_of(text[start - 1]) <= budget:
+                start, column = start - 1, column + width_of(text[start - 1])
+            text = "…" + text[max(0, start):]
+        return "\n".join([*self.shown, frame + text])
 
     def close(self) -> str:
-        """The code block (framed, highlighted) or the table (aligned) held back, drawn."""
-        held, self.held, language = self.held, [], LANGUAGES.get(self.language, self.language)
+        """The end of a code block's frame, or the table held back, drawn."""
         if self.fence:
             self.fence = ""
-            code = [code_pattern(language).sub(lambda m: paint(m.group(), m.lastgroup), line)
-                    if language in KEYWORDS else line for line in held]
-            return "".join(f"{paint('│', 'grey')} {line}\n" for line in code).join(
-                (paint(f"╭─ {self.language}", "grey") + "\n", paint("╰─", "grey") + "\n"))
+            return paint("╰─", "grey") + "\n"
+        held, self.held, self.shown = self.held, [], []
+        return self.table(held) if held else ""
+
+    def table(self, held: list[str]) -> str:
+        """A table's lines drawn: cells measured by their width on the screen, each column aligned as the rule row
+        says; a table wider than the screen has its widest columns narrowed and their cells wrapped."""
         rows = [[inline(c.strip()) for c in row.strip("|").split("|")] for row in held]
         rules = [bool(re.fullmatch(r"[|:\s-]+", row)) for row in held]
-        widths = [max((width_of(r[i]) for r, rule in zip(rows, rules) if i < len(r) and not rule), default=1)
-                  for i in range(max(map(len, rows), default=0))]
-        rule = paint("─┼─".join("─" * w for w in widths), "grey") + "\n"
-        return "".join(rule if is_rule else paint(" │ ", "grey").join(
-            c + " " * (w - width_of(c)) for c, w in zip(row + [""] * len(widths), widths)).rstrip() + "\n"
-            for row, is_rule in zip(rows, rules))
+        count = max(map(len, rows), default=0)
+        widths = column_widths([max((width_of(r[i]) for r, rule in zip(rows, rules) if i < len(r) and not rule),
+                                    default=1) for i in range(count)], max(count, self.width - 3 * (count - 1)))
+        aligns = next((row + [""] * count for row, rule in zip(rows, rules) if rule), [""] * count)
+        drawn = []
+        for row, rule in zip(rows, rules):
+            if rule:
+                drawn.append(paint("─┼─".join("─" * w for w in widths), "grey"))
+                continue
+            cells = [wrap(cell, w) for cell, w in zip(row + [""] * count, widths)]
+            drawn += [paint(" │ ", "grey").join(aligned(cell[k] if k < len(cell) else "", w, align.strip())
+                                                for cell, w, align in zip(cells, widths, aligns)).rstrip()
+                      for k in range(max(map(len, cells)))]
+        return "".join(line + "\n" for line in drawn)
+
+
+# --- Screen ---------------------------------------------------------------------------------------
+# A session's screen: each tool call's line and result, diffs, the answer as Markdown, what it shows plain until it is
+# drawn, the status line under it; and the keys read during a turn (Esc, Ctrl-O).
 
 
 def shown_diff(path: str, old: str | None, new: str, colour: bool = False) -> str:
@@ -8281,7 +8424,8 @@ class Display(Reporter):
         self.results: list[tuple[str, str]] = []  # this turn's results, labelled, for Ctrl-O (see keep)
         self.fresh, self.agents = True, SubAgents()  # fresh: a new turn's first result starts the list anew
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
-        self.plain = not fancy and env.get("TERM", "dumb") not in ("", "dumb")  # NO_COLOR: a status line, no colour
+        self.plain_status = not fancy and env.get("TERM", "dumb") not in ("", "dumb")  # NO_COLOR: no colour, a status
+        self.plain = ""  # what the answer shows plain until it is drawn, under the text drawn (see draw_plain)
 
     def paint(self, text: str, *styles: str) -> str:
         """Text in styles, on a terminal that shows them."""
@@ -8308,11 +8452,17 @@ class Display(Reporter):
         """The status line says what happens instead."""
 
     def clear(self) -> None:
-        """Take the status line off the screen, for something drawn in its place (below the to-do list)."""
+        """Take the status line off the screen, and what the answer shows plain above it, for something drawn in their
+        place (below the to-do list)."""
         self.listed, self.agents.below = 0, ("", 0)
         if self.status:
             self.streams.stderr.write("\r\033[K")
             self.status = False
+        if self.plain:  # the rows it takes now: the terminal may have been resized
+            rows = sum(rows_of(line, self.measure()) for line in self.plain.split("\n"))
+            self.streams.stdout.write(f"\033[{rows}A\r\033[J")
+            self.streams.stdout.flush()
+            self.plain = ""
 
     def measure(self) -> int:
         """The terminal's width now (it may have been resized since), else the last one known."""
@@ -8327,7 +8477,8 @@ class Display(Reporter):
         if not self.lock.acquire(blocking=False):
             return
         try:
-            if (self.fancy or self.plain) and self.activity and not self.live:
+            self.draw_plain()
+            if (self.fancy or self.plain_status) and self.activity and not self.live:
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
                         f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
@@ -8338,6 +8489,35 @@ class Display(Reporter):
             pass
         finally:
             self.lock.release()
+
+    def draw_plain(self) -> None:
+        """What the answer shows plain until it is drawn (its unfinished line, a table's lines so far), under the text
+        drawn, if it is not on the screen; the cursor goes to the next row (the status line's); `clear` takes it off:
+        anything drawn comes above it, and a complete line or table is drawn in its place."""
+        if self.markdown and not self.plain and (text := self.markdown.unfinished()):
+            self.streams.stdout.write(text + "\n")
+            self.streams.stdout.flush()
+            self.plain = text
+
+    def height(self) -> int:
+        """The terminal's height now (24 where it does not say)."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            return os.get_terminal_size(self.streams.stderr.fileno()).lines or 24
+        return 24
+
+    def draw_answer(self, text: str, end: bool = False) -> None:
+        """Draw a piece of the answer as Markdown at the terminal's size now (`end`: all that is left of it), or only
+        what shows plain anew when that is all that changed; a line shown plain as it is drawn stays as it is."""
+        with self.lock, contextlib.suppress(OSError):
+            drawn = self.markdown.feed(text, end, width=self.measure(), height=self.height())
+            if self.plain and drawn.startswith(self.plain + "\n"):
+                drawn, self.plain = drawn[len(self.plain) + 1:], ""
+            if (plain := self.markdown.unfinished()) != self.plain or drawn:
+                self.clear()
+                self.streams.stdout.write(drawn + (plain + "\n") * bool(plain))
+                self.streams.stdout.flush()
+                self.plain = plain
+                self.draw()
 
     def working(self, activity: str, since: float | None = None) -> None:
         """Say on the status line what is happening now ("" when nothing is)."""
@@ -8357,7 +8537,9 @@ class Display(Reporter):
             self.working(activity, since + time.monotonic() - started)
 
     def end_turn(self) -> None:
-        """The turn is over (or cancelled): no status line, half-drawn answer or running call."""
+        """The turn is over (or cancelled): no status line or running call; what the answer showed stays, drawn."""
+        if self.markdown:
+            self.draw_answer("", end=True)
         self.working("")
         self.calls.clear()
         self.markdown, self.fresh, self.agents = self.markdown and Markdown(), True, SubAgents()
@@ -8373,7 +8555,9 @@ class Display(Reporter):
             if event["type"] == "assistant":
                 self.tokens += int((event.get("usage") or {}).get("completion_tokens") or 0) or self.chars // 4
                 self.chars = 0
-                self.put(self.markdown.feed("", end=True), self.streams.stdout) if self.markdown else None
+                self.draw_answer("", end=True) if self.markdown else None
+            elif event["type"] == "api_retry" and self.markdown:  # the reply starts again: what came of it stays
+                self.draw_answer("", end=True)
             elif event["type"] in ("tool_call", "tool_result"):
                 self.start_call(event) if event["type"] == "tool_call" else self.end_call(event, now)
             elif event["type"] == "request":
@@ -8392,7 +8576,7 @@ class Display(Reporter):
             if not self.markdown:
                 return super().delta(delta)
             self.streamed = True
-            self.put(self.markdown.feed(for_terminal(text, self.streams.stdout)), self.streams.stdout)
+            self.draw_answer(for_terminal(text, self.streams.stdout))
 
     def show(self, text: str) -> None:
         """The model's text as it comes, in the status line's place."""
@@ -8404,8 +8588,8 @@ class Display(Reporter):
         """A whole answer, drawn as Markdown on a terminal."""
         if not self.markdown:
             return super().answer(text)
-        self.put(Markdown().feed(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout), end=True),
-                 self.streams.stdout)
+        self.put(Markdown().feed(for_terminal(redact(text, self.cfg.api_key), self.streams.stdout), end=True,
+                                 width=self.measure()), self.streams.stdout)
 
     def draw_todos(self, todos: list[dict]) -> None:
         """The to-do list, drawn over its last drawing when nothing was drawn below it since and it is all on the

@@ -161,3 +161,33 @@ def terminal(workspace):
         if t.proc.poll() is None:
             t.proc.kill()
             t.proc.wait()
+
+
+def screen_of(transcript: str, width: int = 80) -> str:
+    """What a terminal `width` columns wide shows after these bytes, scrolled-off rows included: characters (wide ones
+    two columns, combining ones none), a row that fills wraps, CR, LF (to the next row's start, as a terminal's
+    output, where the line discipline turns it into CR LF), backspace, tab, and the sequences solo moves and erases
+    with (CSI A, C, J, K); colours and other sequences change nothing here."""
+    rows: list[list[str]] = [[]]
+    row = column = 0
+    for token in re.findall(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[^\[]?|.", transcript, re.DOTALL):
+        csi = re.fullmatch(r"\x1b\[(\d*)([ACJK])", token)
+        if csi and csi.group(2) in "AC":  # up, right: never past the edges
+            up, right = int(csi.group(1) or 1) * (csi.group(2) == "A"), int(csi.group(1) or 1) * (csi.group(2) == "C")
+            row, column = max(0, row - up), min(column + right, width - 1)
+        elif csi and csi.group(1) in ("", "0"):  # erase to the end of the row (K) or of the screen (J)
+            del rows[row][column:]
+            if csi.group(2) == "J":
+                del rows[row + 1:]
+        elif token in ("\r", "\n", "\b", "\t"):
+            row += token == "\n"
+            column = {"\r": 0, "\n": 0, "\b": max(0, column - 1), "\t": min(width - 1, column + 8 - column % 8)}[token]
+        elif token.isprintable() and (size := agent.width_of(token)):
+            if column + size > width:
+                row, column = row + 1, 0
+            rows += [[] for _ in range(row + 1 - len(rows))]
+            line = rows[row] + [" "] * (column - len(rows[row]))
+            rows[row] = line[:column] + [token] + [""] * (size - 1) + line[column + size:]
+            column += size
+        rows += [[] for _ in range(row + 1 - len(rows))]
+    return "\n".join("".join(line).rstrip() for line in rows)
