@@ -8595,11 +8595,13 @@ class LineEditor:
         return "\n".join(lines).strip()
 
     def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
-        """The first letter of the user's answer, asked until it is one of `answers`; "" for Ctrl-D."""
-        self.keys.kept = ""
+        """The first letter of the user's answer, asked until it is one of `answers`: one key on a terminal, a line
+        elsewhere; "" for Ctrl-D."""
         with contextlib.suppress(OSError, ValueError):  # what was typed before the question does not answer it
             import termios
             termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
+        if self.keys.fd is not None:
+            return self.choose_key(question, again, answers)
         while True:
             try:
                 line = self.read_line(question, history=False)
@@ -8615,6 +8617,63 @@ class LineEditor:
                         self.expand()
                 continue
             question = again
+
+    def choose_key(self, question: str, again: str, answers: tuple[str, ...]) -> str:
+        """A question answered by one key, no Enter, a legend saying which: a letter of `answers`, Esc no ("n", or ""
+        where no is not an answer: cancel), Ctrl-D ""; Ctrl-O shows the last result whole and asks again, another
+        letter asks again, other keys (an Enter, an arrow) do nothing."""
+        words = {letter: word for letter, word in re.findall(r"\b(\w) \(([^):]+)", again) if letter in answers}
+        escape = "n" if "n" in answers else ""  # "y (yes), n (no), a (always: …)" gives y yes, n no, a always
+        legend = " · ".join([f"{letter} {word}" for letter, word in words.items()] + [
+            f"Esc {words.get(escape, 'cancel')}"])
+        with self.display.question(), self.keys.reading(False):  # time in the pager is the question's, not the tool's
+            while True:
+                try:
+                    keys = self.read_key(question, legend)
+                except KeyboardInterrupt:
+                    self.answered("^C")
+                    raise
+                for key in keys:  # what comes after the answer (the Enter of a habit) is dropped
+                    if key.lower() in words or key in ("\x1b", "\x04"):
+                        answer = key.lower() if key.lower() in words else escape if key == "\x1b" else ""
+                        self.answered(words.get(answer, "cancelled" if key == "\x1b" else ""))
+                        return answer
+                    if key == "\x0f":  # shown whole, then asked again
+                        self.answered("")
+                        self.expand()
+                        break
+                    if key.isprintable():
+                        self.answered(visible(key))
+                        question = again
+                        break
+
+    def read_key(self, question: str, legend: str) -> list[str]:
+        """The keys typed at a question, taken one by one (cbreak), drawn with its legend: under it where the terminal
+        can redraw, after it elsewhere."""
+        import termios
+        fd, out, decoder = self.keys.fd, self.streams.stderr, codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        self.streams.stdout.flush()
+        if self.display.fancy:  # rows made below first, so the saved place does not scroll away
+            rows = rows_of(question, self.display.measure())
+            out.write(f"{chr(10) * rows}\033[{rows}A\r{question}\0337\n{self.display.paint(legend, 'grey')}\0338")
+        else:
+            out.write(f"{question}({legend}) ")
+        out.flush()
+        saved = termios.tcgetattr(fd)
+        termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))
+        try:
+            while not select.select([fd], [], [], 0.1)[0]:
+                recbreak(fd, saved)  # after Ctrl-Z and fg: keys one by one again
+            return read_keys(fd, decoder)
+        except (OSError, EOFError):
+            return ["\x04"]  # the terminal is gone: no
+        finally:
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+    def answered(self, text: str) -> None:
+        """The answer to a question echoed after it; its legend taken off the screen."""
+        self.streams.stderr.write(text + "\n" + "\033[J" * self.display.fancy)
+        self.streams.stderr.flush()
 
 
 class Picker:

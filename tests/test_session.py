@@ -190,12 +190,18 @@ def test_typed_ahead_text_does_not_answer_and_only_y_n_a_do(serve, terminal, wor
     while not server.bodies:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    term.send("a\r")  # typed while the model thinks: must not answer the question to come
+    term.send("a\r")  # typed while the model thinks: must not answer the question to come (it is the next prompt)
     release.set()
     term.expect(r"Allow Bash\? \[y/n/a/s\] ")
-    term.send("sure\r")
+    term.send("u")  # one key answers, and a key that is no answer asks again
     term.expect(r"Please answer y \(yes\), n \(no\), a \(always: Bash\(touch:\*\)\) or s \(save it\): ")
     term.send("\x04")  # Ctrl-D at the question means no
+    term.expect("answer: Error: permission denied: the user declined")
+    assert not (workspace / "made").exists()
+    term.expect(r"\n> a\r\n")  # the line typed ahead was queued: the next prompt, asked about again
+    term.expect(r"Allow Bash\? \[y/n/a/s\] ")
+    assert user_turns(server.bodies[-1])[-1] == "a"
+    term.send("n")
     term.expect("answer: Error: permission denied: the user declined")
     assert not (workspace / "made").exists()
     term.expect(PROMPT)
