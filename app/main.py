@@ -7881,7 +7881,7 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
 # unset); pipes get the text byte for byte. Patterns are compiled on first use, so -p starts as before.
 
 SGR = {"bold": "1", "italic": "3", "under": "4", "red": "31", "green": "32", "magenta": "35", "cyan": "36",
-       "grey": "90"}
+       "grey": "90", "reverse": "7"}
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 CHECKPOINT_BYTES = 1 << 20  # a file larger than this is not kept by a checkpoint
 RESULT_LINES = 8  # lines of a tool's output shown under its line: the first and the last
@@ -7976,15 +7976,29 @@ def show_paged(text: str, pager: str, fd: int, lent: Callable[[Any], None] = lam
     return f"the pager {pager!r} ended with exit code {child.returncode}" if child.returncode > 0 else ""
 
 
+def cell_width(ch: str) -> int:
+    """The columns a character takes on screen: two for a wide one, none for a combining mark."""
+    import unicodedata  # only when something is cut or counted for the screen
+    return 2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+
+
 def rows_of(line: str, width: int) -> int:
     """The terminal rows a drawn line takes at a width: it wraps, wide characters take two columns, a wide one that
     does not fit on a row goes to the next."""
-    import unicodedata  # only when the to-do list is drawn
     rows, column = 1, 0
     for ch in re.sub(r"\033\[[0-9;]*m", "", line):
-        size = 2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+        size = cell_width(ch)
         rows, column = (rows + 1, size) if column + size > width else (rows, column + size)
     return rows
+
+
+def fit(text: str, columns: int) -> str:
+    """The start of a plain text that fits in `columns` columns on screen, so it never wraps."""
+    used = 0
+    for i, ch in enumerate(text):
+        if (used := used + cell_width(ch)) > columns:
+            return text[:i]
+    return text
 
 
 def todo_lines(todos: list[dict], limit: int) -> list[str]:
@@ -8143,6 +8157,8 @@ class Display(Reporter):
         self.calls: dict[str, tuple] = {}  # running tool calls: label, start, time at questions then, file before
         self.asked, self.last, self.shown = 0.0, "", ""  # seconds at questions; the last result; the last call shown
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
+        self.listed_width = 80  # the terminal's width then: after a resize those rows are not counted again
+        self.below: Callable[[int], list[str]] = lambda width: []  # rows drawn under it at a width (what is typed)
 
     def paint(self, text: str, *styles: str) -> str:
         """Text in styles, on a terminal that shows them."""
@@ -8169,10 +8185,11 @@ class Display(Reporter):
         """The status line says what happens instead."""
 
     def clear(self) -> None:
-        """Take the status line off the screen, for something drawn in its place (below the to-do list)."""
+        """Take the status line and the rows under it off the screen, for something drawn in their place (below the
+        to-do list); the cursor waits on their first row, so however a resize rewrapped them, all below it goes."""
         self.listed = 0
         if self.status:
-            self.streams.stderr.write("\r\033[K")
+            self.streams.stderr.write("\033[?25h\033[J\r\033[K")  # J off the first column, where tmux scrolls instead
             self.status = False
 
     def measure(self) -> int:
@@ -8191,13 +8208,22 @@ class Display(Reporter):
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
                         f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
-                self.streams.stderr.write("\r\033[K" + paint(text[:self.measure() - 1], "grey"))
-                self.streams.stderr.flush()
-                self.status = True
+                self.redraw(text)
         except OSError:
             pass
         finally:
             self.lock.release()
+
+    def redraw(self, status: str) -> None:
+        """The status line and the rows under it (what is typed meanwhile) over their last drawing, each cut at the
+        terminal's width and drawn with wrapping off (a terminal may shrink before solo hears of it); then the cursor
+        waits hidden on the status line's second column, where a terminal that rewraps keeps it on its first row."""
+        width = self.measure()
+        rows = [self.paint(fit(status, width - 1), "grey"), *self.below(width)]
+        self.streams.stderr.write(("\033[J\r\033[K" if self.status else "\033[?25l\r\033[K") + "\033[?7l" + "\n".join(rows) +
+                                  "\033[?7h" + f"\033[{len(rows) - 1}A" * (len(rows) > 1) + "\r\033[C")
+        self.streams.stderr.flush()
+        self.status = True
 
     def working(self, activity: str, since: float | None = None) -> None:
         """Say on the status line what is happening now ("" when nothing is)."""
@@ -8275,9 +8301,9 @@ class Display(Reporter):
         drawn = [self.paint("● ", "green") + self.paint("To-do list", "bold")] + [
             self.paint(line, *{"[x]": ["grey"], "[>]": ["bold"]}.get(line[:3], [])) for line in todo_lines(
                 todos, max(1, min(TODO_SHOWN, lines - 4)))]
-        up = self.listed if self.fancy and self.listed < lines else 0
+        up = self.listed if self.fancy and self.listed < lines and self.listed_width == self.width else 0
         self.put(f"\033[{up}A\r\033[J" * bool(up) + "\n".join(drawn) + "\n")
-        self.listed = sum(rows_of(line, self.width) for line in drawn)
+        self.listed, self.listed_width = sum(rows_of(line, self.width) for line in drawn), self.width
 
     def start_call(self, event: dict) -> None:
         """A tool call's line, as it starts; a file's content before a change, for its diff."""
@@ -8315,16 +8341,22 @@ class Display(Reporter):
 
 
 class Keys:
-    """The terminal during a turn, read by a thread: Esc interrupts, Ctrl-O pages the last result, other keys wait
-    for the next prompt."""
+    """The terminal during a turn, read by a thread: Esc interrupts, Ctrl-O pages the last result, other keys are
+    typed on an input line under the status line, where Enter queues a prompt; a resize redraws at once."""
 
     def __init__(self, fd: int | None, display: Display, expand: Callable[..., None]):
-        self.fd, self.display, self.expand, self.kept, self.thread, self.saved = fd, display, expand, "", None, None
+        self.fd, self.display, self.expand, self.thread, self.saved = fd, display, expand, None, None
+        self.kept = ""  # the prompts queued during a turn, each ended by a line break, then the line being typed
         self.pager: subprocess.Popen | None = None  # the last pager lent the terminal: ended if solo is stopped
         for sig in (signal.SIGTERM, signal.SIGHUP) if fd is not None else ():  # at once: what unwinds may wait for it
             if callable(then := signal.getsignal(sig)):
                 signal.signal(sig, lambda signum, frame, then=then: (self.end_pager(signum), then(signum, frame)))
         self.wake = os.pipe() if fd is not None else (-1, -1)
+        self.resized = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC) if fd is not None else (-1, -1)  # a byte a SIGWINCH
+        if fd is not None:
+            display.below = self.input_rows
+            with contextlib.suppress(ValueError):  # before readline is imported, which then passes it on
+                signal.signal(signal.SIGWINCH, lambda signum, frame: self.winch())
 
     def start(self) -> None:
         """Take the terminal (Ctrl-C still sends SIGINT) and start reading it."""
@@ -8364,18 +8396,20 @@ class Keys:
             self.stop() if on else was and self.start()
 
     def read(self, main: int) -> None:
-        """Read keys until woken: a lone Esc interrupts the main thread, Ctrl-O pages, text is kept, other keys are
-        dropped."""
+        """Read keys until woken: a lone Esc interrupts the main thread, Ctrl-O pages, other keys are typed; the
+        status line is redrawn at each tick, key and resize."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         while True:
-            if not (ready := select.select([self.fd, self.wake[0]], [], [], 0.1)[0]):
+            if not (ready := select.select([self.fd, self.wake[0], self.resized[0]], [], [], 0.1)[0]):
                 recbreak(self.fd, self.saved)
                 self.display.draw()
                 continue
             if self.wake[0] in ready:
                 return
+            if self.resized[0] in ready:
+                self.was_resized()
             try:
-                keys = read_keys(self.fd, decoder)
+                keys = read_keys(self.fd, decoder) if self.fd in ready else []
             except (OSError, EOFError):
                 return
             if "\x1b" in keys:
@@ -8383,8 +8417,42 @@ class Keys:
             if "\x0f" in keys:
                 self.lend()
             for key in keys:
-                self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + "\n" if key in "\r\n" \
-                    else self.kept + key if key.isprintable() else self.kept
+                self.type(key)
+            self.display.draw()
+
+    def type(self, key: str) -> None:
+        """A key on the input line: text, Backspace, Ctrl-U (the whole line); Enter queues the line as a prompt (said
+        on a line of its own where no status line shows it); other keys are dropped."""
+        queued, end, line = self.kept.rpartition("\n")
+        if key in ("\r", "\n") and line.strip():
+            self.kept += "\n"
+            if not self.display.status:
+                self.display.put(self.display.paint(f"queued: {visible(line)}", "grey") + "\n")
+            return
+        typed = line + key if key.isprintable() else line
+        self.kept = queued + end + (line[:-1] if key in ("\x7f", "\b") else "" if key == "\x15" else typed)
+
+    def input_rows(self, width: int) -> list[str]:
+        """The rows under the status line at a width: the prompts queued (the last few) and the line being typed, its
+        end shown where it is longer than the row."""
+        *queued, line = self.kept.split("\n")
+        rows = [f"queued: {fit(visible(text), width - 9)}" for text in queued[-3:]]
+        rows = [f"… +{len(queued) - 3} queued"] * (len(queued) > 3) + rows
+        shown = fit(visible(line)[::-1], width - 4)[::-1]
+        cursor = self.display.paint(" ", "reverse")  # the terminal's own waits on the status line, hidden
+        return [self.display.paint(row, "grey") for row in rows] + [self.display.paint("› ", "grey") + shown + cursor]
+
+    def winch(self) -> None:
+        """SIGWINCH: the terminal was resized; the thread that reads keys redraws (a signal handler only says so)."""
+        with contextlib.suppress(OSError):
+            os.write(self.resized[1], b".")
+
+    def was_resized(self) -> bool:
+        """Whether the terminal was resized since last asked."""
+        try:
+            return bool(os.read(self.resized[0], 512))
+        except (BlockingIOError, OSError):
+            return False
 
     def end_pager(self, signum: int) -> None:
         """Send a stop signal to the pager that has the terminal, if one has it."""
@@ -8653,15 +8721,15 @@ class LineEditor:
         import termios
         fd, out, decoder = self.keys.fd, self.streams.stderr, codecs.getincrementaldecoder("utf-8")(errors="ignore")
         self.streams.stdout.flush()
-        if self.display.fancy:  # rows made below first, so the saved place does not scroll away
-            rows = rows_of(question, self.display.measure())
-            out.write(f"{chr(10) * rows}\033[{rows}A\r{question}\0337\n{self.display.paint(legend, 'grey')}\0338")
-        else:
-            out.write(f"{question}({legend}) ")
-        out.flush()
         saved = termios.tcgetattr(fd)
-        termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))
+        termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))  # before the question shows: no key typed is echoed
         try:
+            if self.display.fancy:  # rows made below first, so the saved place does not scroll away
+                rows = rows_of(question, self.display.measure())
+                out.write(f"{chr(10) * rows}\033[{rows}A\r{question}\0337\n{self.display.paint(legend, 'grey')}\0338")
+            else:
+                out.write(f"{question}({legend}) ")
+            out.flush()
             while not select.select([fd], [], [], 0.1)[0]:
                 recbreak(fd, saved)  # after Ctrl-Z and fg: keys one by one again
             return read_keys(fd, decoder)
@@ -8723,7 +8791,9 @@ class Picker:
                         out.write(frame)
                         out.flush()
                         drawn = frame
-                    keys.extend(read_keys(fd, decoder) if select.select([fd], [], [], 0.25)[0] else ())
+                    ready = select.select([fd, self.keys.resized[0]], [], [], 0.25)[0]  # a resize redraws at once
+                    self.keys.was_resized()
+                    keys.extend(read_keys(fd, decoder) if fd in ready else ())
                 elif (key := keys.popleft()) in ("\r", "\n") and shown:
                     break
                 elif key in ("\x1b", "\x1b\x1b", "\x04"):

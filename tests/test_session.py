@@ -418,15 +418,16 @@ def test_esc_interrupts_a_turn_and_keys_typed_meanwhile_start_the_next_prompt(se
     term = terminal(server, term="xterm")
     term.send("tell me\r")
     term.expect("first line")
-    term.send("and then")  # typed during the turn: not echoed over the status line, kept
-    time.sleep(0.3)
+    term.send("and then")  # typed during the turn: shown on the input line under the status line, kept
+    term.expect(r"› \x1b\[0mand then")
     term.send("\x1b")
     term.expect("cancelled")
     term.expect(DRAWN_PROMPT)
     term.send(" more\r")
     term.expect(r"got 'and then more' after 2 messages")
     release.set()
-    assert "and then" not in term.transcript.split("cancelled")[0]
+    typed = term.transcript.split("cancelled")[0].split("and then")[:-1]
+    assert typed and all(before.endswith("› \x1b[0m") for before in typed)  # never echoed over the status line
 
 
 # --- Typing less: /commands, !, #, @, custom commands, Tab, history ---------------------------------
@@ -786,9 +787,9 @@ def test_the_status_line_follows_the_terminal_s_width_after_a_resize(workspace):
     def size(columns: int) -> None:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
 
-    def drawn() -> str:
+    def drawn() -> str:  # the status line drawn last (with wrapping off, so it can never spill onto a second row)
         display.draw()
-        return os.read(master, 4096).decode().rsplit("\r\033[K", 1)[1]
+        return os.read(master, 4096).decode().rsplit("\033[?7l", 1)[1].split("\033[?7h")[0]
 
     size(100)
     with open(slave, "w", closefd=True) as stderr:
