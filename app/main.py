@@ -8220,8 +8220,9 @@ class Display(Reporter):
         waits hidden on the status line's second column, where a terminal that rewraps keeps it on its first row."""
         width = self.measure()
         rows = [self.paint(fit(status, width - 1), "grey"), *self.below(width)]
-        self.streams.stderr.write(("\033[J\r\033[K" if self.status else "\033[?25l\r\033[K") + "\033[?7l" + "\n".join(rows) +
-                                  "\033[?7h" + f"\033[{len(rows) - 1}A" * (len(rows) > 1) + "\r\033[C")
+        over = "\033[J\r\033[K" if self.status else "\033[?25l\r\033[K"
+        self.streams.stderr.write(over + "\033[?7l" + "\n".join(rows) + "\033[?7h" + f"\033[{len(rows) - 1}A" * (
+            len(rows) > 1) + "\r\033[C")
         self.streams.stderr.flush()
         self.status = True
 
@@ -8347,6 +8348,7 @@ class Keys:
     def __init__(self, fd: int | None, display: Display, expand: Callable[..., None]):
         self.fd, self.display, self.expand, self.thread, self.saved = fd, display, expand, None, None
         self.kept = ""  # the prompts queued during a turn, each ended by a line break, then the line being typed
+        self.unsaid: list[str] = []  # prompts queued where no status line shows them, said once the screen is free
         self.pager: subprocess.Popen | None = None  # the last pager lent the terminal: ended if solo is stopped
         for sig in (signal.SIGTERM, signal.SIGHUP) if fd is not None else ():  # at once: what unwinds may wait for it
             if callable(then := signal.getsignal(sig)):
@@ -8384,12 +8386,16 @@ class Keys:
             self.thread = None
             with contextlib.suppress(termios.error):
                 termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
+            with contextlib.suppress(OSError):  # a turn that unwinds past the status line leaves no hidden cursor
+                self.display.streams.stderr.write("\033[?25h" * self.display.status)
+                self.display.streams.stderr.flush()
         return True
 
     @contextlib.contextmanager
     def reading(self, on: bool = True) -> Iterator[None]:
         """Read keys for the time of a block (a turn), or with `on` false stop for it (a question in a turn)."""
         was = self.stop() if not on else self.start()
+        self.unsaid = self.unsaid if not on else []  # a turn's notices are not said in the next one
         try:
             yield
         finally:
@@ -8402,6 +8408,7 @@ class Keys:
         while True:
             if not (ready := select.select([self.fd, self.wake[0], self.resized[0]], [], [], 0.1)[0]):
                 recbreak(self.fd, self.saved)
+                self.tell()
                 self.display.draw()
                 continue
             if self.wake[0] in ready:
@@ -8418,6 +8425,7 @@ class Keys:
                 self.lend()
             for key in keys:
                 self.type(key)
+            self.tell()
             self.display.draw()
 
     def type(self, key: str) -> None:
@@ -8426,11 +8434,21 @@ class Keys:
         queued, end, line = self.kept.rpartition("\n")
         if key in ("\r", "\n") and line.strip():
             self.kept += "\n"
-            if not self.display.status:
-                self.display.put(self.display.paint(f"queued: {visible(line)}", "grey") + "\n")
+            self.unsaid += [] if self.display.status else [line]
             return
         typed = line + key if key.isprintable() else line
         self.kept = queued + end + (line[:-1] if key in ("\x7f", "\b") else "" if key == "\x15" else typed)
+
+    def tell(self) -> None:
+        """Say the prompts queued where no status line shows them, once nothing holds the screen (a question holds it
+        while it stops this thread: waiting for it would never end)."""
+        if self.unsaid and self.display.lock.acquire(blocking=False):
+            try:
+                for line in self.unsaid:
+                    self.display.put(self.display.paint(f"queued: {visible(line)}", "grey") + "\n")
+                self.unsaid = []
+            finally:
+                self.display.lock.release()
 
     def input_rows(self, width: int) -> list[str]:
         """The rows under the status line at a width: the prompts queued (the last few) and the line being typed, its

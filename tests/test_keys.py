@@ -345,3 +345,37 @@ def test_the_picker_is_redrawn_at_the_new_width_when_the_window_is_resized(serve
     assert all(len(row) <= 49 for row in rows) and any(row.startswith("❯ ") for row in rows), "\n".join(rows)
     window.send("Enter")
     window.wait(lambda rows: any(row.startswith("solo: resumed ") for row in rows), "the session resumed")
+
+
+def test_a_prompt_queued_while_a_question_holds_the_screen_never_stops_the_question(workspace):
+    """A question holds the display's lock while it stops the thread that reads keys; a prompt queued on a dumb
+    terminal just then is said later, not waited for (that wait would never end)."""
+    import io
+    import pty
+    import signal
+
+    from app import main as agent
+    master, slave = pty.openpty()
+    winch = signal.getsignal(signal.SIGWINCH)
+    try:
+        with open(os.dup(slave), "w") as stderr:
+            display = agent.Display(agent.Config(api_key="k", cwd=workspace), agent.Streams(
+                io.StringIO(), io.StringIO(), stderr), {"TERM": "dumb"})
+            keys = agent.Keys(slave, display, lambda *args: None)
+            keys.start()
+            with display.lock:  # as a question holds it
+                os.write(master, b"next\r")
+                deadline = time.monotonic() + 10
+                while keys.kept != "next\n":
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                stopping = threading.Thread(target=keys.stop, daemon=True)
+                stopping.start()
+                stopping.join(10)
+                assert not stopping.is_alive()
+            keys.tell()
+            assert "queued: next\r\n" in os.read(master, 4096).decode()
+    finally:
+        signal.signal(signal.SIGWINCH, winch)
+        os.close(master)
+        os.close(slave)

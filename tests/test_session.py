@@ -191,6 +191,7 @@ def test_typed_ahead_text_does_not_answer_and_only_y_n_a_do(serve, terminal, wor
         assert time.monotonic() < deadline
         time.sleep(0.02)
     term.send("a\r")  # typed while the model thinks: must not answer the question to come (it is the next prompt)
+    term.expect(r"\r\nqueued: a\r\n")
     release.set()
     term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     term.send("u")  # one key answers, and a key that is no answer asks again
