@@ -7971,7 +7971,7 @@ def run_once(cfg: Config, env: dict[str, str], prompt: str, context: str, stream
 # unset); pipes get the text byte for byte. Patterns are compiled on first use, so -p starts as before.
 
 SGR = {"bold": "1", "italic": "3", "under": "4", "red": "31", "green": "32", "magenta": "35", "cyan": "36",
-       "grey": "90"}
+       "grey": "90", "reverse": "7"}
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 CHECKPOINT_BYTES = 1 << 20  # a file larger than this is not kept by a checkpoint
 RESULT_LINES = 8  # lines of a tool's output shown under its line: the first and the last
@@ -8192,6 +8192,11 @@ def column_widths(widths: list[int], room: int) -> list[int]:
     for i in (i for i, w in enumerate(widths) if w > cap):
         fitted[i], spare = fitted[i] + (spare > 0), spare - 1
     return fitted
+
+
+def fit(text: str, columns: int) -> str:
+    """The start of a text that fits in `columns` columns on screen, so it never wraps."""
+    return pieces_of(text, columns, columns)[0] if columns > 0 else ""
 
 
 def aligned(cell: str, width: int, rule: str) -> str:
@@ -8426,6 +8431,8 @@ class Display(Reporter):
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
         self.plain_status = not fancy and env.get("TERM", "dumb") not in ("", "dumb")  # NO_COLOR: no colour, a status
         self.plain = ""  # what the answer shows plain until it is drawn, under the text drawn (see draw_plain)
+        self.listed_width = 80  # the terminal's width then: after a resize those rows are not counted again
+        self.below: Callable[[int], list[str]] = lambda width: []  # rows drawn under it at a width (what is typed)
 
     def paint(self, text: str, *styles: str) -> str:
         """Text in styles, on a terminal that shows them."""
@@ -8452,11 +8459,12 @@ class Display(Reporter):
         """The status line says what happens instead."""
 
     def clear(self) -> None:
-        """Take the status line off the screen, and what the answer shows plain above it, for something drawn in their
-        place (below the to-do list)."""
+        """Take the status line and the rows under it off the screen, and what the answer shows plain above them, for
+        something drawn in their place (below the to-do list); the cursor waits on the status line's first row, so
+        however a resize rewrapped them, all below it goes."""
         self.listed, self.agents.below = 0, ("", 0)
         if self.status:
-            self.streams.stderr.write("\r\033[K")
+            self.streams.stderr.write("\033[?25h\033[J\r\033[K")  # J off the first column, where tmux scrolls instead
             self.status = False
         if self.plain:  # the rows it takes now: the terminal may have been resized
             rows = sum(rows_of(line, self.measure()) for line in self.plain.split("\n"))
@@ -8482,9 +8490,7 @@ class Display(Reporter):
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
                         f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
-                self.streams.stderr.write("\r\033[K" + self.paint(text[:self.measure() - 1], "grey"))
-                self.streams.stderr.flush()
-                self.status = True
+                self.redraw(text)
         except OSError:
             pass
         finally:
@@ -8518,6 +8524,18 @@ class Display(Reporter):
                 self.streams.stdout.flush()
                 self.plain = plain
                 self.draw()
+
+    def redraw(self, status: str) -> None:
+        """The status line and the rows under it (what is typed meanwhile) over their last drawing, each cut at the
+        terminal's width and drawn with wrapping off (a terminal may shrink before solo hears of it); then the cursor
+        waits hidden on the status line's second column, where a terminal that rewraps keeps it on its first row."""
+        width = self.measure()
+        rows = [self.paint(fit(status, width - 1), "grey"), *self.below(width)]
+        over = "\033[J\r\033[K" if self.status else "\033[?25l\r\033[K"
+        self.streams.stderr.write(over + "\033[?7l" + "\n".join(rows) + "\033[?7h" + f"\033[{len(rows) - 1}A" * (
+            len(rows) > 1) + "\r\033[C")
+        self.streams.stderr.flush()
+        self.status = True
 
     def working(self, activity: str, since: float | None = None) -> None:
         """Say on the status line what is happening now ("" when nothing is)."""
@@ -8601,9 +8619,9 @@ class Display(Reporter):
         drawn = [self.paint("● ", "green") + self.paint("To-do list", "bold")] + [
             self.paint(line, *{"[x]": ["grey"], "[>]": ["bold"]}.get(line[:3], [])) for line in todo_lines(
                 todos, max(1, min(TODO_SHOWN, lines - 4)))]
-        up = self.listed if self.fancy and self.listed < lines else 0
+        up = self.listed if self.fancy and self.listed < lines and self.listed_width == self.width else 0
         self.put(f"\033[{up}A\r\033[J" * bool(up) + "\n".join(drawn) + "\n")
-        self.listed = sum(rows_of(line, self.width) for line in drawn)
+        self.listed, self.listed_width = sum(rows_of(line, self.width) for line in drawn), self.width
 
     def start_call(self, event: dict) -> None:
         """A tool call's line, as it starts; a file's content before a change, for its diff."""
@@ -8662,16 +8680,23 @@ class Display(Reporter):
 
 
 class Keys:
-    """The terminal during a turn, read by a thread: Esc interrupts, Ctrl-O pages the last result, other keys wait
-    for the next prompt."""
+    """The terminal during a turn, read by a thread: Esc interrupts, Ctrl-O pages the last result, other keys are
+    typed on an input line under the status line, where Enter queues a prompt; a resize redraws at once."""
 
     def __init__(self, fd: int | None, display: Display, expand: Callable[..., None]):
-        self.fd, self.display, self.expand, self.kept, self.thread, self.saved = fd, display, expand, "", None, None
+        self.fd, self.display, self.expand, self.thread, self.saved = fd, display, expand, None, None
+        self.kept = ""  # the prompts queued during a turn, each ended by a line break, then the line being typed
+        self.unsaid: list[str] = []  # prompts queued where no status line shows them, said once the screen is free
         self.pager: subprocess.Popen | None = None  # the last pager lent the terminal: ended if solo is stopped
         for sig in (signal.SIGTERM, signal.SIGHUP) if fd is not None else ():  # at once: what unwinds may wait for it
             if callable(then := signal.getsignal(sig)):
                 signal.signal(sig, lambda signum, frame, then=then: (self.end_pager(signum), then(signum, frame)))
         self.wake = os.pipe() if fd is not None else (-1, -1)
+        self.resized = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC) if fd is not None else (-1, -1)  # a byte a SIGWINCH
+        if fd is not None:
+            display.below = self.input_rows
+            with contextlib.suppress(ValueError):  # before readline is imported, which then passes it on
+                signal.signal(signal.SIGWINCH, lambda signum, frame: self.winch())
 
     def start(self) -> None:
         """Take the terminal (Ctrl-C still sends SIGINT) and start reading it."""
@@ -8699,30 +8724,37 @@ class Keys:
             self.thread = None
             with contextlib.suppress(termios.error):
                 termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
+            with contextlib.suppress(OSError):  # a turn that unwinds past the status line leaves no hidden cursor
+                self.display.streams.stderr.write("\033[?25h" * self.display.status)
+                self.display.streams.stderr.flush()
         return True
 
     @contextlib.contextmanager
     def reading(self, on: bool = True) -> Iterator[None]:
         """Read keys for the time of a block (a turn), or with `on` false stop for it (a question in a turn)."""
         was = self.stop() if not on else self.start()
+        self.unsaid = self.unsaid if not on else []  # a turn's notices are not said in the next one
         try:
             yield
         finally:
             self.stop() if on else was and self.start()
 
     def read(self, main: int) -> None:
-        """Read keys until woken: a lone Esc interrupts the main thread, Ctrl-O pages, text is kept, other keys are
-        dropped."""
+        """Read keys until woken: a lone Esc interrupts the main thread, Ctrl-O pages, other keys are typed; the
+        status line is redrawn at each tick, key and resize."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         while True:
-            if not (ready := select.select([self.fd, self.wake[0]], [], [], 0.1)[0]):
+            if not (ready := select.select([self.fd, self.wake[0], self.resized[0]], [], [], 0.1)[0]):
                 recbreak(self.fd, self.saved)
+                self.tell()
                 self.display.draw()
                 continue
             if self.wake[0] in ready:
                 return
+            if self.resized[0] in ready:
+                self.was_resized()
             try:
-                keys = read_keys(self.fd, decoder)
+                keys = read_keys(self.fd, decoder) if self.fd in ready else []
             except (OSError, EOFError):
                 return
             if "\x1b" in keys:
@@ -8730,8 +8762,53 @@ class Keys:
             if "\x0f" in keys:
                 self.lend()
             for key in keys:
-                self.kept = self.kept[:-1] if key in ("\x7f", "\b") else self.kept + "\n" if key in "\r\n" \
-                    else self.kept + key if key.isprintable() else self.kept
+                self.type(key)
+            self.tell()
+            self.display.draw()
+
+    def type(self, key: str) -> None:
+        """A key on the input line: text, Backspace, Ctrl-U (the whole line); Enter queues the line as a prompt (said
+        on a line of its own where no status line shows it); other keys are dropped."""
+        queued, end, line = self.kept.rpartition("\n")
+        if key in ("\r", "\n") and line.strip():
+            self.kept += "\n"
+            self.unsaid += [] if self.display.status else [line]
+            return
+        typed = line + key if key.isprintable() else line
+        self.kept = queued + end + (line[:-1] if key in ("\x7f", "\b") else "" if key == "\x15" else typed)
+
+    def tell(self) -> None:
+        """Say the prompts queued where no status line shows them, once nothing holds the screen (a question holds it
+        while it stops this thread: waiting for it would never end)."""
+        if self.unsaid and self.display.lock.acquire(blocking=False):
+            try:
+                for line in self.unsaid:
+                    self.display.put(self.display.paint(f"queued: {visible(line)}", "grey") + "\n")
+                self.unsaid = []
+            finally:
+                self.display.lock.release()
+
+    def input_rows(self, width: int) -> list[str]:
+        """The rows under the status line at a width: the prompts queued (the last few) and the line being typed, its
+        end shown where it is longer than the row."""
+        *queued, line = self.kept.split("\n")
+        rows = [f"queued: {fit(visible(text), width - 9)}" for text in queued[-3:]]
+        rows = [f"… +{len(queued) - 3} queued"] * (len(queued) > 3) + rows
+        shown = fit(visible(line)[::-1], width - 4)[::-1]
+        cursor = self.display.paint(" ", "reverse")  # the terminal's own waits on the status line, hidden
+        return [self.display.paint(row, "grey") for row in rows] + [self.display.paint("› ", "grey") + shown + cursor]
+
+    def winch(self) -> None:
+        """SIGWINCH: the terminal was resized; the thread that reads keys redraws (a signal handler only says so)."""
+        with contextlib.suppress(OSError):
+            os.write(self.resized[1], b".")
+
+    def was_resized(self) -> bool:
+        """Whether the terminal was resized since last asked."""
+        try:
+            return bool(os.read(self.resized[0], 512))
+        except (BlockingIOError, OSError):
+            return False
 
     def end_pager(self, signum: int) -> None:
         """Send a stop signal to the pager that has the terminal, if one has it."""
@@ -9064,11 +9141,13 @@ class LineEditor:
         return prompt
 
     def choose(self, question: str, again: str, answers: tuple[str, ...]) -> str:
-        """The first letter of the user's answer, asked until it is one of `answers`; "" for Ctrl-D."""
-        self.keys.kept = ""
+        """The first letter of the user's answer, asked until it is one of `answers`: one key on a terminal, a line
+        elsewhere; "" for Ctrl-D."""
         with contextlib.suppress(OSError, ValueError):  # what was typed before the question does not answer it
             import termios
             termios.tcflush(self.streams.stdin.fileno(), termios.TCIFLUSH)
+        if self.keys.fd is not None:
+            return self.choose_key(question, again, answers)
         while True:
             try:
                 line = self.read_line(question)
@@ -9084,6 +9163,63 @@ class LineEditor:
                         self.expand()
                 continue
             question = again
+
+    def choose_key(self, question: str, again: str, answers: tuple[str, ...]) -> str:
+        """A question answered by one key, no Enter, a legend saying which: a letter of `answers`, Esc no ("n", or ""
+        where no is not an answer: cancel), Ctrl-D ""; Ctrl-O shows the last result whole and asks again, another
+        letter asks again, other keys (an Enter, an arrow) do nothing."""
+        words = {letter: word for letter, word in re.findall(r"\b(\w) \(([^):]+)", again) if letter in answers}
+        escape = "n" if "n" in answers else ""  # "y (yes), n (no), a (always: …)" gives y yes, n no, a always
+        legend = " · ".join([f"{letter} {word}" for letter, word in words.items()] + [
+            f"Esc {words.get(escape, 'cancel')}"])
+        with self.display.question(), self.keys.reading(False):  # time in the pager is the question's, not the tool's
+            while True:
+                try:
+                    keys = self.read_key(question, legend)
+                except KeyboardInterrupt:
+                    self.answered("^C")
+                    raise
+                for key in keys:  # what comes after the answer (the Enter of a habit) is dropped
+                    if key.lower() in words or key in ("\x1b", "\x04"):
+                        answer = key.lower() if key.lower() in words else escape if key == "\x1b" else ""
+                        self.answered(words.get(answer, "cancelled" if key == "\x1b" else ""))
+                        return answer
+                    if key == "\x0f":  # shown whole, then asked again
+                        self.answered("")
+                        self.expand()
+                        break
+                    if key.isprintable():
+                        self.answered(visible(key))
+                        question = again
+                        break
+
+    def read_key(self, question: str, legend: str) -> list[str]:
+        """The keys typed at a question, taken one by one (cbreak), drawn with its legend: under it where the terminal
+        can redraw, after it elsewhere."""
+        import termios
+        fd, out, decoder = self.keys.fd, self.streams.stderr, codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        self.streams.stdout.flush()
+        saved = termios.tcgetattr(fd)
+        termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))  # before the question shows: no key typed is echoed
+        try:
+            if self.display.fancy:  # rows made below first, so the saved place does not scroll away
+                rows = rows_of(question, self.display.measure())
+                out.write(f"{chr(10) * rows}\033[{rows}A\r{question}\0337\n{self.display.paint(legend, 'grey')}\0338")
+            else:
+                out.write(f"{question}({legend}) ")
+            out.flush()
+            while not select.select([fd], [], [], 0.1)[0]:
+                recbreak(fd, saved)  # after Ctrl-Z and fg: keys one by one again
+            return read_keys(fd, decoder)
+        except (OSError, EOFError):
+            return ["\x04"]  # the terminal is gone: no
+        finally:
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+    def answered(self, text: str) -> None:
+        """The answer to a question echoed after it; its legend taken off the screen."""
+        self.streams.stderr.write(text + "\n" + "\033[J" * self.display.fancy)
+        self.streams.stderr.flush()
 
 
 class Picker:
@@ -9132,7 +9268,9 @@ class Picker:
                         out.write(frame)
                         out.flush()
                         drawn = frame
-                    keys.extend(read_keys(fd, decoder) if select.select([fd], [], [], 0.25)[0] else ())
+                    ready = select.select([fd, self.keys.resized[0]], [], [], 0.25)[0]  # a resize redraws at once
+                    self.keys.was_resized()
+                    keys.extend(read_keys(fd, decoder) if fd in ready else ())
                 elif (key := keys.popleft()) in ("\r", "\n") and shown:
                     break
                 elif key in ("\x1b", "\x1b\x1b", "\x04"):

@@ -261,12 +261,19 @@ def test_typed_ahead_text_does_not_answer_and_only_y_n_a_do(serve, terminal, wor
     while not server.bodies:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    term.send("a\r")  # typed while the model thinks: must not answer the question to come
+    term.send("a\r")  # typed while the model thinks: must not answer the question to come (it is the next prompt)
+    term.expect(r"\r\nqueued: a\r\n")
     release.set()
     term.expect(r"Allow Bash\? \[y/n/a/s\] ")
-    term.send("sure\r")
+    term.send("u")  # one key answers, and a key that is no answer asks again
     term.expect(r"Please answer y \(yes\), n \(no\), a \(always: Bash\(touch:\*\)\) or s \(save it\): ")
     term.send("\x04")  # Ctrl-D at the question means no
+    term.expect("answer: Error: permission denied: the user declined")
+    assert not (workspace / "made").exists()
+    term.expect(r"\n> a\r\n")  # the line typed ahead was queued: the next prompt, asked about again
+    term.expect(r"Allow Bash\? \[y/n/a/s\] ")
+    assert user_turns(server.bodies[-1])[-1] == "a"
+    term.send("n")
     term.expect("answer: Error: permission denied: the user declined")
     assert not (workspace / "made").exists()
     term.expect(PROMPT)
@@ -499,15 +506,16 @@ def test_esc_interrupts_a_turn_and_keys_typed_meanwhile_start_the_next_prompt(se
     term = terminal(server, term="xterm")
     term.send("tell me\r")
     term.expect("first line")
-    term.send("and then")  # typed during the turn: not echoed over the status line, kept
-    time.sleep(0.3)
+    term.send("and then")  # typed during the turn: shown on the input line under the status line, kept
+    term.expect(r"› \x1b\[0mand then")
     term.send("\x1b")
     term.expect("cancelled")
     term.expect(DRAWN_PROMPT)
     term.send(" more\r")
     term.expect(r"got 'and then more' after 2 messages")
     release.set()
-    assert "and then" not in term.transcript.split("cancelled")[0]
+    typed = term.transcript.split("cancelled")[0].split("and then")[:-1]
+    assert typed and all(before.endswith("› \x1b[0m") for before in typed)  # never echoed over the status line
 
 
 # --- Typing less: /commands, !, #, @, custom commands, Tab, history ---------------------------------
@@ -895,9 +903,9 @@ def test_the_status_line_follows_the_terminal_s_width_after_a_resize(workspace):
     def size(columns: int) -> None:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
 
-    def drawn() -> str:
+    def drawn() -> str:  # the status line drawn last (with wrapping off, so it can never spill onto a second row)
         display.draw()
-        return os.read(master, 4096).decode().rsplit("\r\033[K", 1)[1]
+        return os.read(master, 4096).decode().rsplit("\033[?7l", 1)[1].split("\033[?7h")[0]
 
     size(100)
     with open(slave, "w", closefd=True) as stderr:
