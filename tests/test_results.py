@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from app import main as agent
+from tests.conftest import screen_of
 from tests.fake_openrouter import call, last_result, reply
 from tests.test_session import DRAWN_PROMPT, pager_env, picker
 
@@ -234,11 +235,11 @@ def test_sub_agents_side_by_side_name_their_calls_when_they_interleave(serve, te
     term = terminal(server, "--yes", term="xterm")
     term.send("alpha beta\r")
     shown = term.expect("all done")
-    plain_text = re.sub(r"\x1b\[[0-9;]*m|\r\x1b\[K", "", re.sub(r"\x1b\[90m[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏][^\x1b]*\x1b\[0m", "", shown))
-    assert plain_text.index("● Agent(alpha)") < plain_text.index("● Agent(beta)\r\n  ⎿ Bash(echo beta-1)\r\n")
-    assert "  ⎿ alpha › Bash(echo alpha-1)\r\n" in plain_text
+    plain_text = screen_of(shown)  # the screen as drawn: the status line and the input line under it drawn over
+    assert plain_text.index("● Agent(alpha)") < plain_text.index("● Agent(beta)\n  ⎿ Bash(echo beta-1)\n")
+    assert "  ⎿ alpha › Bash(echo alpha-1)\n" in plain_text
     for word in ("alpha", "beta"):  # each ends as a line of its own, under its Agent line again
-        assert re.search(rf"● Agent\({word}\)\r\n  ⎿ Done \(1 tool use · \d+\.\d s\)\r\n    {word} found it\r\n",
+        assert re.search(rf"● Agent\({word}\)\n  ⎿ Done \(1 tool use · \d+\.\d s\)\n    {word} found it\n",
                          plain_text)
     assert "A\r\x1b[J" not in shown[:shown.rindex("found it")]  # nothing was drawn over (the answer's streamed
     # line is, once complete)

@@ -464,7 +464,7 @@ def test_no_color_keeps_a_plain_status_line(serve, terminal, workspace):
     server = serve(asks_once([call("Bash", {"command": command})]))
     term = terminal(server, "--yes", term="xterm", env={**pager_env(server, "cat"), "NO_COLOR": "1"})
     term.send("run it\r")
-    term.expect(r"\r\x1b\[K[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] Bash\(echo started.*\(\d+s · \d+ tokens · esc to interrupt\)")
+    term.expect(r"\r\x1b\[K(?:\x1b\[\?7l)?[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] Bash\(echo started.*\(\d+s · \d+ tokens · esc to interrupt\)")
     (workspace / "go").touch()
     term.expect("done: ")
     term.expect(DRAWN_PROMPT)
