@@ -9118,6 +9118,7 @@ class LineEditor:
         if "\n" in kept:  # a line typed during the turn, Enter and all: the next prompt
             line, _, self.keys.kept = kept.partition("\n")
             self.streams.stderr.write(f"> {line}\n")
+            self.history.add(line.strip())
             return line.strip()
         self.prefill = self.prefill or kept
         idle = self.idle_notice()

@@ -179,6 +179,11 @@ def test_keys_typed_during_a_turn_show_on_an_input_line_and_enter_queues_them(se
     term.expect("got 'unfinished too'")
     assert [user_turns(body)[-1] for body in server.bodies] == ["tell me", "and then", "second", "unfinished too"]
     assert "gone" not in "".join(user_turns(server.bodies[-1]))
+    term.expect(DRAWN_PROMPT)
+    term.send("\x1b[A\x1b[A")  # the queued prompts are in the history too, each one entry
+    term.expect("second")
+    term.send("\x1b[A")
+    term.expect("and then")
 
 
 def test_on_a_dumb_terminal_a_queued_prompt_is_said_on_a_line_of_its_own(serve, terminal):
