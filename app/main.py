@@ -8697,6 +8697,7 @@ class Keys:
             display.below = self.input_rows
             with contextlib.suppress(ValueError):  # before readline is imported, which then passes it on
                 signal.signal(signal.SIGWINCH, lambda signum, frame: self.winch())
+                signal.signal(signal.SIGTSTP, lambda signum, frame: self.suspend())
 
     def start(self) -> None:
         """Take the terminal (Ctrl-C still sends SIGINT) and start reading it."""
@@ -8728,6 +8729,17 @@ class Keys:
                 self.display.streams.stderr.write("\033[?25h" * self.display.status)
                 self.display.streams.stderr.flush()
         return True
+
+    def suspend(self) -> None:
+        """Ctrl-Z: solo stops as any program does, with the cursor a turn hides shown for the shell; after fg the
+        turn's status line is drawn anew where the shell left the cursor."""
+        hidden = bool(self.thread) and self.display.status
+        with contextlib.suppress(OSError):
+            os.write(self.display.streams.stderr.fileno(), b"\033[?25h" * hidden)
+        ours = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until fg (never, as for any program, in an orphaned group)
+        signal.signal(signal.SIGTSTP, ours)
+        self.display.status = self.display.status and not hidden
 
     @contextlib.contextmanager
     def reading(self, on: bool = True) -> Iterator[None]:

@@ -16,7 +16,7 @@ import pytest
 
 from app import main as agent
 from tests.conftest import PROGRAM, Terminal
-from tests.fake_openrouter import reply
+from tests.fake_openrouter import call, reply
 
 LINE = r"> (?:\x1b\[\?2004h)?"  # the prompt, and bracketed paste on for the line (where the terminal is not dumb)
 
@@ -78,6 +78,33 @@ def test_after_ctrl_z_and_fg_the_prompt_and_the_line_typed_so_far_are_drawn_agai
     sh.expect(r"\n> |\x1b\[K> ")
     sh.send("\x04")
     sh.expect(r"\$ ")
+    sh.send("exit\r")
+    assert sh.wait() == 0
+
+
+def test_ctrl_z_in_a_turn_shows_the_cursor_for_the_shell_and_fg_draws_the_status_line_again(serve, shell, workspace):
+    def model(body):
+        if body["messages"][-1]["role"] == "user":
+            return reply(tool_calls=[call("Bash", {"command": "while [ ! -f go ]; do sleep 0.05; done; echo went"})])
+        return reply("the command " + body["messages"][-1]["content"].split()[0])
+
+    sh = shell(serve(model))
+    sh.send(f"{PROGRAM} --yes\r")
+    sh.expect(r"\n> ")
+    sh.send("run it\r")
+    sh.expect(r"\x1b\[\?25l.*esc to interrupt")  # the status line, the cursor hidden on it
+    sh.send("\x1a")
+    sh.expect(r"Stopped.*\n(?:\x1b\[\?2004h)?\$ ")
+    assert sh.transcript.rindex("\x1b[?25h") > sh.transcript.rindex("\x1b[?25l")  # the shell's prompt has its cursor
+    sh.send("fg\r")
+    sh.expect(r"fg\r\n.*your_program\.sh.*\r\n")
+    sh.expect(r"\x1b\[\?25l\r\x1b\[K.*esc to interrupt")  # drawn anew where the shell left the cursor
+    (workspace / "go").touch()
+    sh.expect("the command went")
+    sh.expect(r"\n> |\x1b\[K> ")
+    sh.send("\x04")
+    sh.expect(r"\$ ")
+    assert sh.transcript.rindex("\x1b[?25h") > sh.transcript.rindex("\x1b[?25l")
     sh.send("exit\r")
     assert sh.wait() == 0
 
