@@ -277,10 +277,15 @@ def test_typed_ahead_text_does_not_answer_and_only_y_n_a_do(serve, terminal, wor
     term.expect("answer: Error: permission denied: the user declined")
     assert not (workspace / "made").exists()
     term.expect(PROMPT)
-    term.send("\x1b[A\r")  # up-arrow recalls the last prompt, never a permission answer
+    term.send("\x1b[A\r")  # up-arrow recalls the last prompt (the queued "a"), never a permission answer ("n")
+    term.expect(r"Allow Bash\? \[y/n/a/s\] ")
+    assert user_turns(server.bodies[-1])[-1] == "a"
+    term.send("n")
+    term.expect(PROMPT)
+    term.send("\x1b[A\x1b[A\r")  # and the one before it: the first prompt (the same prompt twice is one entry)
     term.expect(r"Allow Bash\? \[y/n/a/s\] ")
     assert user_turns(server.bodies[-1])[-1] == "make it"
-    term.send("n\r")
+    term.send("n")
     term.expect(PROMPT)
 
 
