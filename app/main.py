@@ -2623,6 +2623,12 @@ def discover_commands(folders: list[Path], untrusted: Path | None = None) -> dic
     return commands
 
 
+def usable_commands(cwd: Path, home: Path | None, trusted: bool) -> dict[str, Command]:
+    """The custom commands a run offers: the user's own first (they win a name clash), then the project's, which grant
+    no tools until the project is trusted."""
+    return discover_commands(([home] if home else []) + [cwd], None if trusted or cwd == home else cwd)
+
+
 def command_grants(cwd: Path, home: Path | None) -> dict[str, list[str]]:
     """What the project's own commands (the working directory's, not the user's ~/.claude/commands, which win a
     name clash) would let run without a question, by command: it waits for the user's trust."""
@@ -6674,8 +6680,7 @@ class Agent:
                 f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
         self.shells, self.asking = Shells(), threading.Lock()  # asking: one permission question at a time
         self.turns = 0  # prompts run: a sub-agent left running by a cancelled one stops at its next step
-        self.commands = discover_commands(([cfg.home] if cfg.home else []) + [cfg.cwd],  # .claude/commands, yours
-                                          None if self.trust.settings or cfg.cwd == cfg.home else cfg.cwd)  # first
+        self.commands = usable_commands(cfg.cwd, cfg.home, bool(self.trust.settings))
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
         sandbox = self.confine(given)
         self.spawner = sandbox.spawner if sandbox else Spawner()
@@ -10075,7 +10080,7 @@ class AcpSession:
     def refresh(self) -> None:
         """Custom commands added, changed or removed since the last look: the editor's / menu is told."""
         cfg = self.agent.cfg
-        if (found := discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))) != self.agent.commands:
+        if (found := usable_commands(cfg.cwd, cfg.home, bool(self.agent.trust.settings))) != self.agent.commands:
             self.agent.commands = found
             self.announce()
 
