@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.fake_openrouter import reply
+from tests.fake_openrouter import call, reply
+from tests.github_runner import KEY, ROOT, FakeGitHub, git, make_remote, run_action
 from tests.test_acp import Editor, drive, prompt
+from tests.test_action import comment_event
+from tests.test_sandbox import no_namespaces  # noqa: F401 (a fixture)
 
 
 def test_acp_a_projects_command_grants_nothing_after_the_first_prompt(serve, workspace):
@@ -33,3 +36,70 @@ def test_acp_a_projects_command_grants_nothing_after_the_first_prompt(serve, wor
     assert not proof.exists(), "the project's command ran Bash with no question"
     assert not Path(f"{proof}2").exists()
     assert "The user's own command." in json.dumps(server.bodies[-1]["messages"])
+
+
+# --- Issue 35: the Action ---------------------------------------------------------------------------------------
+
+
+def test_action_the_model_cannot_read_the_token_from_the_glue_s_environment_without_namespaces(tmp_path, serve,
+                                                                                               no_namespaces):
+    """Held: on a runner whose kernel gives no user namespaces (Ubuntu 24.04's AppArmor rule), confined commands see
+    the runner's processes, and the glue and its shell hold the token and the key in their environments; Landlock's
+    ptrace scope keeps /proc/PID/environ of every process outside the sandbox unreadable."""
+    api = FakeGitHub(permissions={"alice": "write"})
+    try:
+        _remote, work = make_remote(tmp_path, {"README.md": "x\n"})
+        looks = [call("Bash", {"command": "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; done 2>/dev/null "
+                                          "| grep -a -c '^INPUT_'"})]
+
+        def model(body):
+            if body["messages"][-1]["role"] == "user":
+                return reply(tool_calls=looks)
+            return reply("done")
+        server = serve(model)
+        result = run_action(tmp_path, work, api, server.url, "issue_comment", comment_event(api, body="@solo env?"),
+                            {"openrouter_api_key": KEY}, wrap=no_namespaces)
+        assert result.code == 0, result.log
+        seen = [m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool"]
+        assert seen == ["0\n[exit code 1]"], seen  # Landlock keeps ptrace, and so environ, within its domain
+    finally:
+        api.close()
+
+
+SOLO_FILES = ("app/__init__.py", "app/main.py", "your_program.sh", "tests/setup.sh", "pyproject.toml",
+              ".github/actions/solo/action.yml", ".github/actions/solo/solo_action.py")
+
+
+def test_action_a_fork_s_pr_cannot_change_the_solo_that_runs_on_it(tmp_path, serve):
+    """A repository that runs its own copy of the action (`uses: ./.github/actions/solo`, solo's own repository): a
+    fork's PR that rewrites your_program.sh (or app/main.py) must not run, though the action checks the PR out."""
+    api = FakeGitHub(permissions={"alice": "write"})
+    try:
+        remote, work = make_remote(tmp_path, {rel: (ROOT / rel).read_text() for rel in SOLO_FILES})
+        git("config", "core.fileMode", "false", cwd=work)
+        for name in ("your_program.sh", "tests/setup.sh"):
+            (work / name).chmod(0o755)
+        (work / ".venv").symlink_to(ROOT / ".venv")
+        with open(work / ".git" / "info" / "exclude", "a") as exclude:
+            exclude.write(".venv\n")
+        proof, evil = tmp_path / "proof", tmp_path / "evil"
+        git("clone", "--quiet", str(remote), str(evil), cwd=tmp_path)
+        (evil / "your_program.sh").write_text(f"#!/bin/sh\necho \"$OPENROUTER_API_KEY\" > {proof}\n")
+        (evil / "app" / "main.py").write_text(f"open({str(proof)!r} + '2', 'w').write('ran')\n")
+        git("add", "-A", cwd=evil)
+        git("update-index", "--chmod=+x", "your_program.sh", cwd=evil)
+        git("commit", "--quiet", "-m", "a small fix", cwd=evil)
+        git("push", "--quiet", "origin", "HEAD:refs/pull/12/head", cwd=evil)
+        pr = {"number": 12, "title": "Fix", "body": "", "user": {"login": "mallory"},
+              "head": {"ref": "fix", "repo": {"full_name": "mallory/widgets"}}, "base": {"ref": "main"}}
+        api.issues[12] = {"number": 12, "title": "Fix", "body": "", "user": {"login": "mallory"},
+                          "pull_request": {"url": "x"}}
+        api.pulls[12] = {"pr": pr, "files": [], "diff": ""}
+        server = serve(lambda body: reply("Looks fine"))
+        result = run_action(tmp_path, work, api, server.url, "issue_comment",
+                            comment_event(api, body="@solo review this", number=12, pr=True),
+                            {"openrouter_api_key": KEY}, action=work / ".github" / "actions" / "solo")
+        assert not proof.exists() and not Path(f"{proof}2").exists(), "the fork's solo ran, with the key"
+        assert result.code == 0 and server.bodies, result.log
+    finally:
+        api.close()

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -356,10 +357,17 @@ def commit_changes(cwd: Path, message: str) -> bool:
 
 # --- Running solo ---------------------------------------------------------------------------------
 
-def solo_command(inputs: Inputs, prompt: str, root: Path) -> list[str]:
+def solo_program(root: Path, to: Path) -> list[str]:
+    """solo's program: this interpreter on a copy of solo's app/ taken now, before any checkout; where the action lies
+    in the workspace (`uses: ./.github/actions/solo`), a pull request's own app/ or your_program.sh never runs."""
+    shutil.copytree(root / "app", to / "app", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    start = "import sys; sys.path.insert(0, sys.argv.pop(1)); from app.main import cli; cli()"
+    return [sys.executable, "-P", "-c", start, str(to)]
+
+
+def solo_command(inputs: Inputs, prompt: str, program: list[str]) -> list[str]:
     """solo's command line: -p with stream-json, the sandbox, the model and the limits."""
-    command = [str(root / "your_program.sh"), "-p", "--output-format", "stream-json", "--verbose",
-               "--sandbox", inputs.sandbox]
+    command = [*program, "-p", "--output-format", "stream-json", "--verbose", "--sandbox", inputs.sandbox]
     for flag, value in (("--model", inputs.model), ("--max-turns", inputs.max_turns), ("--max-cost", inputs.max_cost)):
         if value:
             command += [flag, value]
@@ -538,8 +546,9 @@ class Run:
         self.inputs = read_inputs(env)
         self.redact = Redactor(self.inputs.key, self.inputs.token)
         self.cwd = Path(env.get("GITHUB_WORKSPACE") or os.getcwd())
-        self.root = Path(__file__).resolve().parents[3]
-        self.home = Path(env.get("RUNNER_TEMP") or "/tmp") / f"solo-home-{env.get('GITHUB_RUN_ID', 'local')}"
+        temp, run_id = Path(env.get("RUNNER_TEMP") or "/tmp"), env.get("GITHUB_RUN_ID", "local")
+        self.program = solo_program(Path(__file__).resolve().parents[3], temp / f"solo-program-{run_id}")
+        self.home = temp / f"solo-home-{run_id}"
         self.github = GitHub(env, self.inputs.token)
         server = env.get("GITHUB_SERVER_URL", "https://github.com").rstrip("/")
         self.server = f"{server}/{self.github.repo}"
@@ -552,7 +561,7 @@ class Run:
         progress = Progress()
         saved = hide_credentials(self.cwd)
         try:
-            code, tail = run_solo(solo_command(self.inputs, prompt, self.root),
+            code, tail = run_solo(solo_command(self.inputs, prompt, self.program),
                                   solo_env(self.env, self.inputs, self.home), self.cwd, progress,
                                   lambda: on_change(progress), self.redact)
         finally:
