@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from tests.fake_openrouter import call, reply
-from tests.github_runner import KEY, ROOT, FakeGitHub, git, make_remote, run_action
+from tests.github_runner import KEY, ROOT, TOKEN, FakeGitHub, git, make_remote, run_action
 from tests.test_acp import Editor, drive, prompt
 from tests.test_action import comment_event
 from tests.test_sandbox import no_namespaces  # noqa: F401 (a fixture)
@@ -101,5 +101,37 @@ def test_action_a_fork_s_pr_cannot_change_the_solo_that_runs_on_it(tmp_path, ser
                             {"openrouter_api_key": KEY}, action=work / ".github" / "actions" / "solo")
         assert not proof.exists() and not Path(f"{proof}2").exists(), "the fork's solo ran, with the key"
         assert result.code == 0 and server.bodies, result.log
+    finally:
+        api.close()
+
+
+def test_action_checkout_v6_s_credentials_file_is_hidden_from_the_model_too(tmp_path, serve):
+    """actions/checkout v6 keeps the token in $RUNNER_TEMP/git-credentials-UUID.config, named by an includeIf in
+    .git/config: nothing confined may read it (Landlock governs writes, not reads), nor git show it."""
+    api = FakeGitHub(permissions={"alice": "write"})
+    try:
+        _remote, work = make_remote(tmp_path, {"README.md": "x\n"})
+        header = git("config", "--local", "--get", "http.https://github.example/.extraheader", cwd=work)
+        git("config", "--local", "--unset-all", "http.https://github.example/.extraheader", cwd=work)
+        (tmp_path / "runner-temp").mkdir()
+        credentials = tmp_path / "runner-temp" / "git-credentials-0f1e2d3c.config"
+        credentials.write_text(f'[http "https://github.example/"]\n\textraheader = {header}\n')
+        credentials.chmod(0o600)
+        git("config", "--local", f"includeIf.gitdir:{work}/.git.path", str(credentials), cwd=work)
+        looks = [call("Bash", {"command": "git config --get-regexp extraheader; cat $RUNNER_TEMP/git-credentials-*"})]
+
+        def model(body):
+            if body["messages"][-1]["role"] == "user":
+                return reply(tool_calls=looks)
+            return reply("Found: " + " ".join(m["content"] for m in body["messages"] if m["role"] == "tool"))
+        server = serve(model)
+        result = run_action(tmp_path, work, api, server.url, "issue_comment", comment_event(api, body="@solo creds?"),
+                            {"openrouter_api_key": KEY})
+        assert result.code == 0, result.log
+        basic = header.split()[-1]
+        seen = [r.decode() for r in server.raw] + [json.dumps(r.body) for r in api.requests]
+        assert not any(TOKEN in text or basic in text for text in seen)
+        assert credentials.read_text().endswith(f"extraheader = {header}\n")  # back for the job's later steps
+        assert git("config", "--get", "http.https://github.example/.extraheader", cwd=work) == header
     finally:
         api.close()

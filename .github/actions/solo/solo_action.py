@@ -288,19 +288,47 @@ def push_env(env: dict[str, str], token: str) -> dict[str, str]:
             "GIT_CONFIG_KEY_0": f"http.{server}/.extraheader", "GIT_CONFIG_VALUE_0": f"AUTHORIZATION: basic {basic}"}
 
 
-def hide_credentials(cwd: Path) -> list[tuple[str, str]]:
-    """Takes out the extra headers actions/checkout leaves in .git/config (the token); returns them to put back."""
-    found = git("config", "--local", "--get-regexp", r"^http\..*\.extraheader$", cwd=cwd, check=False)
-    saved = [tuple(line.split(" ", 1)) for line in found.splitlines() if " " in line]
-    for key, _ in saved:
+class Hidden(NamedTuple):
+    """The credentials taken away while solo runs: .git/config's extra headers, and the files its includes name that
+    hold one (actions/checkout v6 keeps the token in $RUNNER_TEMP/git-credentials-*.config), with their modes."""
+
+    headers: list[tuple[str, str]]
+    files: list[tuple[Path, bytes, int]]
+
+
+def local_config(cwd: Path, pattern: str) -> list[tuple[str, str]]:
+    """The (key, value) pairs of .git/config whose key matches the pattern."""
+    found = git("config", "-z", "--local", "--get-regexp", pattern, cwd=cwd, check=False)
+    return [tuple(item.split("\n", 1)) for item in found.split("\0") if "\n" in item]  # type: ignore[misc]
+
+
+def hide_credentials(cwd: Path) -> Hidden:
+    """Takes out the extra headers actions/checkout leaves in .git/config, and removes the credentials files its
+    includes name (a confined command may read any file: only one that is gone is safe); returns them to put back."""
+    headers = local_config(cwd, r"^http\..*\.extraheader$")
+    for key, _ in headers:
         git("config", "--local", "--unset-all", key, cwd=cwd, check=False)
-    return saved  # type: ignore[return-value]
+    files = []
+    named = (Path(os.path.expanduser(value)) for _, value in local_config(cwd, r"^include(if)?\..*path$"))
+    for path in dict.fromkeys(cwd / ".git" / path for path in named):  # a relative one is .git's: an absolute wins
+        try:
+            data, mode = path.read_bytes(), path.stat().st_mode & 0o7777
+        except OSError:
+            continue
+        if b"extraheader" in data.lower():
+            path.unlink()
+            files.append((path, data, mode))
+    return Hidden(headers, files)
 
 
-def restore_credentials(cwd: Path, saved: list[tuple[str, str]]) -> None:
+def restore_credentials(cwd: Path, hidden: Hidden) -> None:
     """Puts back what hide_credentials took out."""
-    for key, value in saved:
+    for key, value in hidden.headers:
         git("config", "--local", "--add", key, value, cwd=cwd, check=False)
+    for path, data, mode in hidden.files:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
 
 def checkout_pr(cwd: Path, pr: dict, fork: bool, genv: dict) -> None:
@@ -544,7 +572,8 @@ class Run:
     def __init__(self, env: dict[str, str]):
         self.env = env
         self.inputs = read_inputs(env)
-        self.redact = Redactor(self.inputs.key, self.inputs.token)
+        basic = base64.b64encode(f"x-access-token:{self.inputs.token}".encode()).decode() if self.inputs.token else ""
+        self.redact = Redactor(self.inputs.key, self.inputs.token, basic)  # the token as git's header carries it too
         self.cwd = Path(env.get("GITHUB_WORKSPACE") or os.getcwd())
         temp, run_id = Path(env.get("RUNNER_TEMP") or "/tmp"), env.get("GITHUB_RUN_ID", "local")
         self.program = solo_program(Path(__file__).resolve().parents[3], temp / f"solo-program-{run_id}")
