@@ -1648,9 +1648,12 @@ class Guard:
 # folders it leads to, .mcp.json, .claude, the hooks folder and the programs git's config names; and SOLO_HOME; each
 # only where it lies beneath a writable root. A name that does not exist gets an empty folder to mount over (git
 # ignores an empty .git and an empty folder; solo reads no .mcp.json folder): nothing confined can then make it.
-GIT_PROGRAMS = (r"^(core\.(hookspath|fsmonitor|sshcommand|pager|editor|askpass)|sequence\.editor|diff\.external|"
-                r"diff\..+\.(textconv|command)|filter\..+\.(clean|smudge|process)|merge\..+\.driver|"
-                r"gpg\.(.+\.)?program|credential\.(.+\.)?helper)$")  # git config keys naming what git runs
+GIT_PROGRAMS = re.compile(
+    r"(core\.(hookspath|fsmonitor|sshcommand|pager|editor|askpass|gitproxy|alternaterefscommand)|sequence\.editor|"
+    r"diff\.external|diff\..+\.(textconv|command)|filter\..+\.(clean|smudge|process)|merge\..+\.driver|"
+    r"gpg\.(.+\.)?program|gpg\.ssh\.defaultkeycommand|credential\.(.+\.)?helper|pager\..+|alias\..+|"
+    r"interactive\.difffilter|(diff|merge)tool\..+\.cmd|remote\..+\.(uploadpack|receivepack)|submodule\..+\.update|"
+    r"uploadpack\.packobjectshook)")  # git config keys naming what git runs (a pager, an alias's !command)
 
 
 class Protection(NamedTuple):
@@ -1693,19 +1696,25 @@ def git_folders(folder: Path) -> tuple[Path, list[Path]]:
 
 def git_programs(gitdir: Path, top: Path, env: dict[str, str]) -> tuple[list[Path], list[Path]]:
     """The hooks folders git's config (every file git reads for this repository) names, and the paths of programs it
-    names that exist (a word with a '/', relative ones from the repository's top, where git runs them)."""
+    names that exist (a word with a '/', relative ones from the repository's top, where git runs them), with every
+    config file it read (an included one in the worktree would give git a program as well as .git/config could)."""
     import shlex
     import shutil
     git = shutil.which("git", path=env.get("PATH"))
     try:
-        out = subprocess.run([git, "--git-dir", str(gitdir), "config", "-z", "--get-regexp", GIT_PROGRAMS], cwd=top,
+        out = subprocess.run([git, "--git-dir", str(gitdir), "config", "-z", "--show-origin", "--list"], cwd=top,
                              env={k: v for k, v in env.items() if not k.startswith("GIT_")}, capture_output=True,
                              timeout=10).stdout if git else b""
     except (OSError, subprocess.SubprocessError):
         return [], []
+    items = out.split(b"\0")
     hooks, programs = [], []
-    for item in filter(None, out.split(b"\0")):
+    for origin, item in zip(items[::2], items[1::2]):
         key, _, value = os.fsdecode(item).partition("\n")
+        if origin.startswith(b"file:"):
+            programs.append(top / os.path.expanduser(os.fsdecode(origin[5:])))
+        if not GIT_PROGRAMS.fullmatch(key):
+            continue
         if key == "core.hookspath":
             hooks.append(top / os.path.expanduser(value))
             continue
@@ -1715,7 +1724,7 @@ def git_programs(gitdir: Path, top: Path, env: dict[str, str]) -> tuple[list[Pat
             words = value.removeprefix("!").split()
         programs += [path for word in words if "/" in word and not word.startswith("-")
                      and os.path.lexists(path := top / os.path.expanduser(word))]
-    return hooks, programs
+    return hooks, list(dict.fromkeys(programs))
 
 
 def wanted(folder: Path, env: dict[str, str], git_write: bool) -> tuple[list[Path], list[Path], list[Path]]:

@@ -4,13 +4,20 @@ of those that held, as a poisoned repository, a hostile model or a hostile comme
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
+
+import pytest
+
+from app import main as agent
 
 from tests.fake_openrouter import call, reply
 from tests.github_runner import KEY, ROOT, TOKEN, FakeGitHub, git, make_remote, run_action
 from tests.test_acp import Editor, drive, prompt
 from tests.test_action import comment_event
-from tests.test_sandbox import no_namespaces  # noqa: F401 (a fixture)
+from tests.test_git_safety import git as user_git
+from tests.test_sandbox import no_namespaces, private_tmp, real  # noqa: F401 (fixtures)
 
 
 def test_acp_a_projects_command_grants_nothing_after_the_first_prompt(serve, workspace):
@@ -135,3 +142,42 @@ def test_action_checkout_v6_s_credentials_file_is_hidden_from_the_model_too(tmp_
         assert git("config", "--get", "http.https://github.example/.extraheader", cwd=work) == header
     finally:
         api.close()
+
+
+# --- Issue 29: what a confined command leaves behind for the user's git --------------------------------------
+
+
+@pytest.mark.parametrize("setup, attack", [
+    # a project that shares its git config through a tracked file included by .git/config (git config include.path
+    # ../.gitconfig): the model adds a program to it
+    (["config", "include.path", "../.gitconfig"], "printf '[core]\\n\\tfsmonitor = touch {proof}\\n' >> .gitconfig"),
+    # a pager or an alias that runs a script of the project: the model rewrites the script
+    (["config", "pager.log", "./tools/pager.sh"], "printf '#!/bin/sh\\ntouch {proof}\\ncat\\n' > tools/pager.sh"),
+])
+def test_git_runs_nothing_the_model_wrote_through_an_included_config_or_a_pager(workspace, private_tmp, setup, attack):
+    """What git reads as its config and the programs it runs by itself are read-only to confined commands, wherever
+    .git/config names them: an included file of the project, a pager."""
+    proof = workspace.parent / "proof"
+    (workspace / "tools").mkdir()
+    (workspace / "tools" / "pager.sh").write_text("#!/bin/sh\ncat\n")
+    (workspace / "tools" / "pager.sh").chmod(0o755)
+    (workspace / ".gitconfig").write_text("[user]\n\tname = shared\n")
+    user_git(workspace, "init", "-q")
+    user_git(workspace, "commit", "-q", "--allow-empty", "-m", "first")
+    user_git(workspace, *setup)
+    roots, folder = (Path(real(workspace)), Path(real(private_tmp))), Path(real(workspace))
+    protection = agent.protection((folder,), roots, dict(os.environ), None)
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
+                                    pinned=protection.pinned)
+    ctx = agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp)},
+                            sandbox=sandbox)
+    try:
+        result = agent.tool_bash(ctx, attack.format(proof=proof))
+    finally:
+        sandbox.spawner.shutdown()
+        protection.remove()
+    user_git(workspace, "status", check=False)  # the user's own git, unconfined, later: in a terminal, with a pager
+    subprocess.run(["script", "-qec", "git log", "/dev/null"], cwd=workspace, capture_output=True, timeout=30,
+                   env={"PATH": os.environ["PATH"], "HOME": str(workspace.parent / "home"), "TERM": "dumb"})
+    assert not proof.exists(), result
+    assert "Read-only file system" in result, result
