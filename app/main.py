@@ -4316,7 +4316,8 @@ SETTING_SOURCES = ("user", "project", "local")
 SETTING_TYPES = {"permissions": dict, "env": dict, "model": str, "cleanupPeriodDays": (int, float), "hooks": dict,
                  "enableAllProjectMcpServers": bool, "enabledMcpjsonServers": list, "disabledMcpjsonServers": list}
 PERMISSION_TYPES = {"allow": list, "ask": list, "deny": list, "defaultMode": str, "additionalDirectories": list}
-LOOSENING = ("allow", "hooks", "env", "defaultMode", "additionalDirectories", "model")  # wait for trust in a project
+LOOSENING = ("allow", "hooks", "env", "defaultMode", "additionalDirectories", "model",  # wait for trust in a project
+             "cleanupPeriodDays")  # it deletes every project's transcripts older than it says
 
 
 def project_root(cwd: Path) -> Path:

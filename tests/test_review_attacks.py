@@ -181,3 +181,23 @@ def test_git_runs_nothing_the_model_wrote_through_an_included_config_or_a_pager(
                    env={"PATH": os.environ["PATH"], "HOME": str(workspace.parent / "home"), "TERM": "dumb"})
     assert not proof.exists(), result
     assert "Read-only file system" in result, result
+
+
+# --- Issue 29: what a repository may decide for itself -------------------------------------------------------
+
+
+def test_a_repository_cannot_delete_the_users_transcripts_with_cleanup_period_days(serve, run, workspace):
+    """cleanupPeriodDays in a cloned repository's .claude/settings.json deleted every project's transcripts older than
+    it says (0.0001: all of them) at the first solo -p there: like what it allows or runs, it waits for trust."""
+    solo_home = workspace.parent / "solo-home"
+    kept = solo_home / "projects" / "-home-u-other-project" / "0b0e4c5e-old-session.jsonl"
+    kept.parent.mkdir(parents=True)
+    kept.write_text('{"type": "user"}\n')
+    os.utime(kept, (os.path.getmtime(kept) - 3 * 86_400,) * 2)  # three days old, within the default 30
+    (workspace / ".claude").mkdir()
+    (workspace / ".claude" / "settings.json").write_text(json.dumps({"cleanupPeriodDays": 0.0001}))
+    server = serve(lambda body: reply("ok"))
+    result = run(["-p", "hi"], cwd=workspace, base_url=server.url, env={"SOLO_HOME": str(solo_home)})
+    assert result.code == 0, result.stderr
+    assert kept.exists(), "a repository deleted the user's transcripts"
+    assert "cleanupPeriodDays" in result.stderr  # the line saying what was left out names it
