@@ -1212,6 +1212,8 @@ def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool =
 # unconfined and later. Guarded under the working directory and each --add-dir; .git/hooks as a whole tree.
 GUARDED = (".mcp.json", ".claude/settings.json", ".claude/settings.local.json", ".git/config", ".git/hooks",
            ".git/commondir", ".git/config.worktree")  # and the same three of each repository under .git/modules
+GIT_REDIRECTS = (".git/commondir", ".git/config.worktree")  # with commits allowed, what would still give git another
+# config and hooks (with each submodule's and worktree's, which `scan` always adds): put back, as no mount can hold them
 GUARD_DEPTH = 16  # folders deeper than this under a guarded one are a change in themselves
 GUARDED_FOLDERS = (".git", ".claude")  # what holds them: only something other than a folder there is a change
 GUARD_FILE_LIMIT = 1 << 20  # bytes of one guarded file kept to put back (a larger one is only watched)
@@ -1404,12 +1406,13 @@ def modules(fd: int, prefix: str = ".git/modules", depth: int = 4) -> list[str]:
     return found
 
 
-def scan(folder: Path) -> dict[str, tuple | None]:
-    """The GUARDED names under a folder (and the folders holding them) as they are now, by relative path."""
+def scan(folder: Path, names: tuple[str, ...] = GUARDED) -> dict[str, tuple | None]:
+    """The GUARDED names (or `names`) under a folder, with those of its submodules and worktrees (and the folders
+    holding them), as they are now, by relative path."""
     found: dict[str, tuple | None] = {}
     fd = open_folder(folder)
     try:
-        for rel in (*GUARDED, *(f"{git}/{name}" for git in modules(fd) for name in ("config", "hooks", "commondir")),
+        for rel in (*names, *(f"{git}/{name}" for git in modules(fd) for name in ("config", "hooks", "commondir")),
                     *(f"{tree}/{name}" for tree in modules(fd, ".git/worktrees", 0)
                       for name in ("commondir", "gitdir", "config.worktree"))):
             look(fd, rel.split("/"), "", found)
@@ -1497,10 +1500,10 @@ def put_back(folder: Path, rel: str, was: tuple | None) -> str:
     return "removed" if was is None else "recreated" if now is None else "restored"
 
 
-def restore(folder: Path, kept: dict[str, tuple | None]) -> list[tuple[str, str]]:
+def restore(folder: Path, kept: dict[str, tuple | None], names: tuple[str, ...] = GUARDED) -> list[tuple[str, str]]:
     """Put the guarded names under a folder back as `kept` holds them: what was added removed (deepest first), the
     rest put back (parents first); each change with how it was undone."""
-    now = scan(folder)
+    now = scan(folder, names)
     changed = [rel for rel in sorted(kept.keys() | now.keys()) if differs(rel, kept.get(rel), now.get(rel))]
     undone = [(rel, put_back(folder, rel, None)) for rel in reversed(changed) if kept.get(rel) is None]
     return undone + [(rel, put_back(folder, rel, kept[rel])) for rel in changed if kept.get(rel) is not None]
@@ -1582,10 +1585,11 @@ class Guard:
     anything confined changes there is put back by `undo`; where confined commands may write the git index (`links`),
     a gitlink that appears in it is named, and the index put back."""
 
-    def __init__(self, folders: tuple[Path, ...], watch: bool = True, links: bool = True, hooks: tuple[Path, ...] = ()):
+    def __init__(self, folders: tuple[Path, ...], watch: bool = True, links: bool = True, hooks: tuple[Path, ...] = (),
+                 names: tuple[str, ...] = GUARDED):
         self.folders, self.watch, self.lock, self.pending = folders, watch, threading.Lock(), []
-        self.hooks = hooks  # the hooks folders git's config names: the file tools may not write them either
-        self.kept = {folder: scan(folder) for folder in folders} if watch else {}
+        self.hooks, self.names = hooks, names  # the hooks folders git's config names: the file tools may not write them
+        self.kept = {folder: scan(folder, names) for folder in folders} if watch else {}  # what `watch` puts back
         self.index = {folder: read_index(folder) for folder in folders} if links else {}
 
     def refuse(self, real: Path, file_path: str) -> None:
@@ -1605,7 +1609,7 @@ class Guard:
             undone, self.pending = self.pending, []
             for i, folder in enumerate(self.folders if self.watch or self.index else ()):
                 try:
-                    found = restore(folder, self.kept[folder]) if self.watch else []
+                    found = restore(folder, self.kept[folder], self.names) if self.watch else []
                     found += self.gitlinks(folder) if self.index else []
                     undone += [f"{folder / rel if i else rel} ({how})" for rel, how in found]
                 except OSError as error:
@@ -6731,8 +6735,9 @@ class Agent:
             if not sandbox.read_only:  # no mount namespace: the guard puts back what commands change, at every step
                 self.protection.remove()
                 self.protection = Protection()
-            self.guard = Guard(folders, not mounted, not mounted or self.cfg.sandbox_git_write, hooks) if folders \
-                else None
+            writes_git = mounted and self.cfg.sandbox_git_write  # .git writable: what sends git elsewhere is put back
+            self.guard = Guard(folders, not mounted or writes_git, not mounted or writes_git, hooks,
+                               GIT_REDIRECTS if writes_git else GUARDED) if folders else None
         except BaseException:
             self.close()
             raise

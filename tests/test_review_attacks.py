@@ -16,7 +16,7 @@ from tests.fake_openrouter import call, reply
 from tests.github_runner import KEY, ROOT, TOKEN, FakeGitHub, git, make_remote, run_action
 from tests.test_acp import Editor, drive, prompt
 from tests.test_action import comment_event
-from tests.test_git_safety import git as user_git
+from tests.test_git_safety import GIT_ENV, git as user_git
 from tests.test_sandbox import no_namespaces, private_tmp, real  # noqa: F401 (fixtures)
 
 
@@ -201,3 +201,33 @@ def test_a_repository_cannot_delete_the_users_transcripts_with_cleanup_period_da
     assert result.code == 0, result.stderr
     assert kept.exists(), "a repository deleted the user's transcripts"
     assert "cleanupPeriodDays" in result.stderr  # the line saying what was left out names it
+
+
+@pytest.mark.parametrize("attack", [
+    "printf '[core]\\n\\tfsmonitor = touch {proof}\\n' > .git/config.worktree",
+    "cp -r .git/. evil && git --git-dir evil config core.fsmonitor 'touch {proof}' && echo ../evil > .git/commondir",
+])
+def test_with_git_write_commands_cannot_send_git_to_another_config(workspace, private_tmp, attack):
+    """--sandbox-git-write on leaves .git writable but its config and hooks: a .git/config.worktree (read where
+    extensions.worktreeConfig is on, as git sparse-checkout sets it) or a .git/commondir would give git a config and
+    hooks of the command's making all the same."""
+    proof = workspace.parent / "proof"
+    user_git(workspace, "init", "-q")
+    user_git(workspace, "commit", "-q", "--allow-empty", "-m", "first")
+    user_git(workspace, "config", "extensions.worktreeConfig", "true")
+    roots, folder = (Path(real(workspace)), Path(real(private_tmp))), Path(real(workspace))
+    protection = agent.protection((folder,), roots, dict(os.environ), None, True)
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
+                                    pinned=protection.pinned)
+    guard = agent.Guard((folder,), True, True, protection.hooks, agent.GIT_REDIRECTS)  # as the run makes it
+    ctx = agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp),
+                                                **GIT_ENV}, sandbox=sandbox, guard=guard)
+    try:
+        result = agent.tool_bash(ctx, attack.format(proof=proof))
+        assert "(removed)" in result or "(restored)" in result, result
+        assert agent.tool_bash(ctx, "git commit -q --allow-empty -m two && echo ok") == "ok\n[exit code 0]"
+    finally:
+        sandbox.spawner.shutdown()
+        protection.remove()
+    user_git(workspace, "status", check=False)
+    assert not proof.exists(), result
