@@ -3544,6 +3544,8 @@ def instruction_files(cwd: Path, home: Path | None) -> list[tuple[Path, Path]]:
     file, the repository for the project's, / for files above the repository, which no clone can have put there)."""
     chain = (cwd, *cwd.parents)
     root = next((p for p in chain if (p / ".git").exists()), cwd)
+    if home and home.is_relative_to(root) and root != cwd:  # a home kept in git (~/.git) is no project's repository:
+        root = cwd  # a tarball unpacked in it would import ~/.ssh as its own
     found = [(home / ".claude" / "CLAUDE.md", home)] if home else []
     for folder in reversed(chain):  # / first, cwd last
         inside = folder == root or folder.is_relative_to(root)
