@@ -198,11 +198,15 @@ def allowed_actor(event: Event, github: GitHub, allowed: frozenset[str]) -> str 
 HIDDEN_ATTRIBUTES = re.compile(r"""\s(?:alt|title|aria-label|data-[\w-]+)\s*=\s*(?:"[^"]*"|'[^']*')""", re.IGNORECASE)
 
 
+PROMPT_TAGS = re.compile(r"<(?=/?\s*(?:comments?|trigger|title|body|author|diff|changed_files)\b)", re.IGNORECASE)
+
+
 def clean(text: str | None, limit: int = TEXT_LIMIT) -> str:
     """Untrusted text made visible-only: no HTML comments, no hidden attributes, no invisible characters."""
     text = re.sub(r"<!--.*?(?:-->|$)", "", text or "", flags=re.DOTALL)
     text = HIDDEN_ATTRIBUTES.sub("", text)
     text = "".join(c for c in text if c in "\n\t" or unicodedata.category(c) not in ("Cf", "Cc", "Co", "Cn"))
+    text = PROMPT_TAGS.sub("&lt;", text)  # the prompt's own marks made inert: no comment "by" someone else
     return text if len(text) <= limit else text[:limit] + f"\n[cut: {len(text) - limit} more characters]"
 
 
