@@ -625,9 +625,26 @@ def failure_reason(result: dict, tail: str) -> str:
     return " ".join(str(text or "solo stopped without a result").split())[:500]
 
 
+def base_agent_files(run: Run, event: Event) -> str:
+    """On a pull request's event, the agent's files taken from its base commit (fetched when missing): a PR cannot
+    instruct or configure the agent a workflow runs on it; the base's sha ("" on other events)."""
+    base = str(((event.payload.get("pull_request") or {}).get("base") or {}).get("sha") or "")
+    if base:
+        if not git("rev-parse", "--quiet", "--verify", f"{base}^{{commit}}", cwd=run.cwd, check=False):
+            git("fetch", "--quiet", "--depth=1", "origin", base, cwd=run.cwd, env=push_env(run.env, run.inputs.token))
+        agent_files_from(run.cwd, base)
+    return base
+
+
 def automation(run: Run, event: Event) -> int:
-    """Automation mode: the prompt on any event; a comment only when asked."""
-    code, tail, progress = run.solo(run.inputs.prompt, lambda progress: None)
+    """Automation mode: the prompt on any event (on a pull request's, with the base's agent files); a comment only
+    when asked."""
+    base = base_agent_files(run, event)
+    try:
+        code, tail, progress = run.solo(run.inputs.prompt, lambda progress: None)
+    finally:
+        if base:
+            agent_files_from(run.cwd, "HEAD")
     status = run.finish(code, tail, progress)
     if run.inputs.comment and event.number:
         body = progress.result.get("result") if status == 0 else f"**solo failed**: {failure_reason(progress.result, tail)}"
