@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import requests
 
 MARKER = "<!-- solo-action -->"  # every comment the action writes starts with it: its own comments never trigger it
+WORKFLOWS = ".github/workflows"  # never committed by the action: a pushed branch's workflows run with the secrets
 AGENT_PATHS = (".claude", ".mcp.json", "CLAUDE.md", "CLAUDE.local.md", "AGENTS.md")  # a PR may not configure its reviewer
 TEXT_LIMIT = 20_000  # characters of one issue body or comment put into the prompt
 DIFF_LIMIT = 60_000  # characters of a pull request's diff put into the prompt
@@ -377,14 +378,18 @@ def new_branch(cwd: Path, prefix: str, number: int) -> str:
     return name
 
 
-def commit_changes(cwd: Path, message: str) -> bool:
-    """Commits everything solo changed; False when nothing changed."""
+def commit_changes(cwd: Path, message: str) -> tuple[bool, str]:
+    """Commits everything solo changed but workflows (a pushed branch's workflow runs with the repository's
+    secrets); whether anything was committed, and the workflow files left uncommitted."""
     git("add", "--all", cwd=cwd)
+    left = git("diff", "--cached", "--name-only", "--", WORKFLOWS, cwd=cwd)
+    if left:
+        git("reset", "--quiet", "--", WORKFLOWS, cwd=cwd)
     if not git("status", "--porcelain", "--untracked-files=no", cwd=cwd):
-        return False
+        return False, left
     args = [a for k, v in BOT.items() for a in ("-c", f"{k}={v}")]
     git(*args, "commit", "--quiet", "--no-verify", "-m", message, cwd=cwd)
-    return True
+    return True, left
 
 
 # --- Running solo ---------------------------------------------------------------------------------
@@ -699,10 +704,16 @@ def tag_work(run: Run, event: Event, tracker: Tracker) -> int:
 def publish(run: Run, thread: Thread, branch: str, fork: bool, ok: bool, genv: dict) -> tuple[str, str]:
     """Commits and pushes what solo changed (never for a fork's PR); the comment's note and the pushed branch."""
     message = f"solo: changes for #{thread.number}\n\n{thread.kind.capitalize()} #{thread.number}: {thread.title}"
-    if not ok or not commit_changes(run.cwd, message[:2000]):
-        if ok:
-            return "\n---\nNo changes were made.", ""
-        return "", ""
+    committed, left = commit_changes(run.cwd, message[:2000]) if ok else (False, "")
+    note = f"\n---\nNot committed: solo's changes to workflows ({', '.join(left.split())})." if left else ""
+    if not committed:
+        return (note or "\n---\nNo changes were made.") if ok else "", ""
+    shown, pushed = publish_commit(run, thread, branch, fork, genv)
+    return note + shown, pushed
+
+
+def publish_commit(run: Run, thread: Thread, branch: str, fork: bool, genv: dict) -> tuple[str, str]:
+    """The commit shown (a fork's PR) or pushed; the comment's note and the pushed branch."""
     if fork:
         diff = git("diff", "HEAD~1", "HEAD", cwd=run.cwd)
         shown = diff if len(diff) <= SHOWN_DIFF_LIMIT else diff[:SHOWN_DIFF_LIMIT] + "\n[cut]"
