@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -325,3 +327,44 @@ def test_action_never_commits_a_workflow_the_model_wrote(tmp_path, serve):
         assert "Not committed: solo's changes to workflows (.github/workflows/ci.yml)" in final
     finally:
         api.close()
+
+
+@pytest.mark.parametrize("who", ["root", "nobody"])
+def test_a_project_s_included_git_config_runs_nothing_the_model_wrote(serve, tmp_path, who):
+    """The whole program, as root and as nobody: the project's tracked .gitconfig that .git/config includes is
+    read-only to commands, and the user's git status after the session runs nothing the model wrote there."""
+    from tests.test_confinement import as_nobody, readable_code
+    from tests.test_git_safety import user_for
+    user = user_for(who)
+    base = Path(tempfile.mkdtemp(prefix="solo-review-", dir="/var/tmp"))
+    try:
+        ws, proofs, home = base / "ws", base / "proofs", base / "home"
+        for folder in (ws, proofs, home):
+            folder.mkdir()
+        proofs.chmod(0o777)
+        (ws / ".gitconfig").write_text("[user]\n\tname = shared\n")
+        user_git(ws, "init", "-q")
+        user_git(ws, "config", "include.path", "../.gitconfig")
+        user_git(ws, "add", ".gitconfig")
+        user_git(ws, "commit", "-qm", "first")
+        if user:
+            for path in [base, *base.rglob("*")]:
+                os.chown(path, 65534, 65534, follow_symlinks=False)
+        plant = call("Bash", {"command": f"printf '[core]\\n\\tfsmonitor = touch {proofs}/fsmonitor\\n' >> .gitconfig"},
+                     id="plant")
+        server = serve(lambda body: reply(tool_calls=[plant]) if len(body["messages"]) < 3 else reply("done"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_", "GIT_"))}
+        env.update(OPENROUTER_BASE_URL=server.url, OPENROUTER_API_KEY="sk-test-secret-123", HOME=str(home),
+                   TMPDIR=str(base / "tmp"), **GIT_ENV)
+        (base / "tmp").mkdir(mode=0o777)
+        program = as_nobody(readable_code(base / "code")) if user else [str(ROOT / "your_program.sh")]
+        proc = subprocess.run([*user, *program, "-p", "go", "--sandbox", "workspace-write",
+                               "--no-session-persistence"], cwd=ws, env=env, capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr
+        result = next(m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool")
+        assert "Read-only file system" in result, result
+        user_git(ws, "status", user=user, check=False)
+        assert not (proofs / "fsmonitor").exists() and "fsmonitor" not in (ws / ".gitconfig").read_text()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
