@@ -1732,15 +1732,17 @@ def git_programs(gitdir: Path, top: Path, env: dict[str, str]) -> tuple[list[Pat
 
 
 def wanted(folder: Path, env: dict[str, str], git_write: bool) -> tuple[list[Path], list[Path], list[Path]]:
-    """One folder's paths to make read-only: those an empty folder stands in for while missing, those that count
-    only when they exist (a program git runs; with `git_write`, git's config), and the hooks folders git runs."""
+    """One folder's paths to make read-only: those an empty folder stands in for while missing (each submodule's .git,
+    through which git status enters it), those that count only when they exist (a program git runs; with
+    `git_write`, git's config), and the hooks folders git runs."""
     top, gits = git_folders(folder)
     hooks, programs = git_programs(gits[0], top, env) if gits else ([], [])
     if git_write:  # commits may be made: only what git runs and reads its commands from stays read-only
         kept, existing = [gits[-1] / "hooks"] * bool(gits), [gits[-1] / "config"] * bool(gits)
     else:
         kept, existing = [folder / ".git", *gits], []
-    return [*kept, folder / ".mcp.json", folder / ".claude", *hooks], [*existing, *programs[:32]], hooks
+    submodules = [top / link / ".git" for link in sorted(read_index(top)[2])[:32]]  # git status enters each one
+    return [*kept, *submodules, folder / ".mcp.json", folder / ".claude", *hooks], [*existing, *programs[:32]], hooks
 
 
 def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, str], solo_home: Path | None,

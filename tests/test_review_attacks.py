@@ -368,3 +368,31 @@ def test_a_project_s_included_git_config_runs_nothing_the_model_wrote(serve, tmp
         assert not (proofs / "fsmonitor").exists() and "fsmonitor" not in (ws / ".gitconfig").read_text()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_submodules_git_file_cannot_be_pointed_at_a_repository_the_model_made(workspace, private_tmp):
+    """git status enters every submodule through its .git file (gitdir: ../.git/modules/lib): pointed at a repository
+    a confined command made, the user's next git status ran the core.fsmonitor of its config."""
+    proof, lib = workspace.parent / "proof", workspace.parent / "lib"
+    user_git(workspace.parent, "init", "-q", str(lib))
+    user_git(lib, "commit", "-q", "--allow-empty", "-m", "lib")
+    user_git(workspace, "init", "-q")
+    user_git(workspace, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
+    user_git(workspace, "commit", "-qm", "with lib")
+    roots, folder = (Path(real(workspace)), Path(real(private_tmp))), Path(real(workspace))
+    protection = agent.protection((folder,), roots, dict(os.environ), None)
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
+                                    pinned=protection.pinned)
+    ctx = agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp),
+                                                **GIT_ENV}, sandbox=sandbox)
+    attack = (f"git init -q evil && git -C evil config core.fsmonitor 'touch {proof}' && "
+              f"git -C evil commit -q --allow-empty -m e && echo \"gitdir: $PWD/evil/.git\" > lib/.git")
+    try:
+        result = agent.tool_bash(ctx, attack)
+        assert agent.tool_bash(ctx, "git status --short").endswith("?? evil/\n[exit code 0]")  # still reads
+    finally:
+        sandbox.spawner.shutdown()
+        protection.remove()
+    user_git(workspace, "status", check=False)
+    assert not proof.exists(), result
+    assert "Read-only file system" in result, result
