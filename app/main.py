@@ -4076,6 +4076,8 @@ class McpServer:
         """What went wrong, told without the server's URL beyond where() or its headers' values."""
         if isinstance(error, requests.RequestException):  # its text repeats the URL, query included
             return f"cannot reach {self.where()} ({type(error).__name__})"
+        if isinstance(error, OSError) and error.filename is not None:  # its text repeats the command, ${VAR} filled
+            return f"its command could not be started ({error.strerror or type(error).__name__})"
         import urllib.parse  # already loaded by requests: free
         parts = urllib.parse.urlsplit(url := str(self.spec.get("url") or ""))
         values = [str(v) for v in (self.spec.get("headers") or {}).values()]

@@ -396,3 +396,15 @@ def test_a_submodules_git_file_cannot_be_pointed_at_a_repository_the_model_made(
     user_git(workspace, "status", check=False)
     assert not proof.exists(), result
     assert "Read-only file system" in result, result
+
+
+def test_a_server_that_cannot_start_never_repeats_its_filled_in_command(serve, run, workspace):
+    """The user's own config fills ${VAR} from every variable: a command that cannot be started was repeated on stderr
+    with the secret in it."""
+    config = {"mcpServers": {"a": {"command": "/nonexistent/${DEPLOY_TOKEN}/server"}}}
+    server = serve(lambda body: reply("ok"))
+    result = run(["-p", "hi", "--mcp-config", json.dumps(config)], cwd=workspace, base_url=server.url,
+                 env={"DEPLOY_TOKEN": "tok-9f8e7d6c5b4a"})
+    assert result.code == 0, result.stderr
+    assert "MCP server a failed: its command could not be started (No such file or directory)" in result.stderr
+    assert "tok-9f8e7d6c5b4a" not in result.stderr
