@@ -408,3 +408,34 @@ def test_a_server_that_cannot_start_never_repeats_its_filled_in_command(serve, r
     assert result.code == 0, result.stderr
     assert "MCP server a failed: its command could not be started (No such file or directory)" in result.stderr
     assert "tok-9f8e7d6c5b4a" not in result.stderr
+
+
+@pytest.mark.parametrize("name, target, script", [(".git/hooks/pre-commit", "../../scripts/pre-commit", "scripts"),
+                                                  (".git/hooks", "../githooks", "githooks")])
+def test_a_hook_git_reaches_through_a_symlink_is_read_only_too(workspace, private_tmp, name, target, script):
+    """.git/hooks/pre-commit -> ../../scripts/pre-commit (or the whole .git/hooks -> ../githooks), as many projects
+    install their hooks: the read-only .git held the link, not the script it leads to."""
+    proof = workspace.parent / "proof"
+    for folder in ("scripts", "githooks"):
+        (workspace / folder).mkdir()
+        (workspace / folder / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+        (workspace / folder / "pre-commit").chmod(0o755)
+    user_git(workspace, "init", "-q")
+    if name == ".git/hooks":
+        shutil.rmtree(workspace / ".git" / "hooks")
+    (workspace / name).symlink_to(target)
+    user_git(workspace, "add", "app")
+    roots, folder = (Path(real(workspace)), Path(real(private_tmp))), Path(real(workspace))
+    protection = agent.protection((folder,), roots, dict(os.environ), None)
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
+                                    pinned=protection.pinned)
+    ctx = agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp)},
+                            sandbox=sandbox)
+    try:
+        result = agent.tool_bash(ctx, f"printf '#!/bin/sh\\ntouch {proof}\\n' > {script}/pre-commit")
+    finally:
+        sandbox.spawner.shutdown()
+        protection.remove()
+    user_git(workspace, "commit", "-qm", "the user's commit", check=False)
+    assert not proof.exists(), result
+    assert "Read-only file system" in result, result
