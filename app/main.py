@@ -1586,9 +1586,10 @@ class Guard:
     a gitlink that appears in it is named, and the index put back."""
 
     def __init__(self, folders: tuple[Path, ...], watch: bool = True, links: bool = True, hooks: tuple[Path, ...] = (),
-                 names: tuple[str, ...] = GUARDED):
+                 names: tuple[str, ...] = GUARDED, *, read_only: tuple[Path, ...] = ()):
         self.folders, self.watch, self.lock, self.pending = folders, watch, threading.Lock(), []
         self.hooks, self.names = hooks, names  # the hooks folders git's config names: the file tools may not write them
+        self.read_only = read_only  # what the sandbox keeps from commands (Protection.paths): from the file tools too
         self.kept = {folder: scan(folder, names) for folder in folders} if watch else {}  # what `watch` puts back
         self.index = {folder: read_index(folder) for folder in folders} if links else {}
 
@@ -1601,6 +1602,9 @@ class Guard:
             if real.is_relative_to(folder) and guarded(real.relative_to(folder).as_posix()):
                 raise ToolError(f"{file_path} may not be changed in this sandbox: git hooks and config, .mcp.json "
                                 "and Claude settings would run code outside it later; ask the user to change it")
+        if any(real.is_relative_to(path) for path in self.read_only):
+            raise ToolError(f"{file_path} may not be changed in this sandbox: git or solo would read or run it outside "
+                            "the sandbox later (a config git includes, a program it runs, .claude); ask the user")
 
     def undo(self) -> list[str]:
         """Put back every guarded file changed since the start, and the index where a gitlink appeared; each change
@@ -6739,13 +6743,14 @@ class Agent:
             self.protection = protection(folders, roots, env, self.cfg.solo_home, self.cfg.sandbox_git_write)
             sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix,
                                             self.protection.paths, self.protection.pinned)
-            mounted, hooks = bool(sandbox.read_only) or not self.protection.paths, self.protection.hooks
+            mounted, hooks, kept = bool(sandbox.read_only) or not self.protection.paths, self.protection.hooks, \
+                self.protection.paths
             if not sandbox.read_only:  # no mount namespace: the guard puts back what commands change, at every step
                 self.protection.remove()
                 self.protection = Protection()
             writes_git = mounted and self.cfg.sandbox_git_write  # .git writable: what sends git elsewhere is put back
             self.guard = Guard(folders, not mounted or writes_git, not mounted or writes_git, hooks,
-                               GIT_REDIRECTS if writes_git else GUARDED) if folders else None
+                               GIT_REDIRECTS if writes_git else GUARDED, read_only=kept) if folders else None
         except BaseException:
             self.close()
             raise

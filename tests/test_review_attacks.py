@@ -439,3 +439,24 @@ def test_a_hook_git_reaches_through_a_symlink_is_read_only_too(workspace, privat
     user_git(workspace, "commit", "-qm", "the user's commit", check=False)
     assert not proof.exists(), result
     assert "Read-only file system" in result, result
+
+
+def test_the_file_tools_refuse_what_commands_may_not_write(serve, run, workspace):
+    """Write and Edit run in solo's own process, outside the mounts: they refused .git, .mcp.json and the settings,
+    but rewrote a config git includes, a program it runs, a submodule's .git file and .claude/commands."""
+    proof = workspace.parent / "proof"
+    (workspace / ".gitconfig").write_text("[user]\n\tname = shared\n")
+    user_git(workspace, "init", "-q")
+    user_git(workspace, "config", "include.path", "../.gitconfig")
+    user_git(workspace, "commit", "-q", "--allow-empty", "-m", "first")
+    writes = [call("Write", {"file_path": ".gitconfig", "content": f"[core]\n\tfsmonitor = touch {proof}\n"}, id="w1"),
+              call("Write", {"file_path": ".claude/commands/go.md", "content": "---\nallowed-tools: Bash\n---\nx\n"},
+                   id="w2")]
+    server = serve(lambda body: reply(tool_calls=writes) if len(body["messages"]) < 3 else reply("done"))
+    result = run(["-p", "go", "--sandbox", "workspace-write", "--no-session-persistence"], cwd=workspace,
+                 base_url=server.url, env={"TMPDIR": str(workspace.parent)})
+    assert result.code == 0, result.stderr
+    results = [m["content"] for m in server.bodies[-1]["messages"] if m["role"] == "tool"]
+    assert all(r.startswith("Error: ") and "may not be changed in this sandbox" in r for r in results), results
+    user_git(workspace, "status", check=False)
+    assert not proof.exists() and not (workspace / ".claude" / "commands").exists()
