@@ -1719,8 +1719,10 @@ def git_programs(gitdir: Path, top: Path, env: dict[str, str]) -> tuple[list[Pat
     hooks, programs = [], []
     for origin, item in zip(items[::2], items[1::2]):
         key, _, value = os.fsdecode(item).partition("\n")
-        if origin.startswith(b"file:"):
-            programs.append(top / os.path.expanduser(os.fsdecode(origin[5:])))
+        where = top / os.path.expanduser(os.fsdecode(origin[5:])) if origin.startswith(b"file:") else None
+        programs += [where] if where else []
+        if where and re.fullmatch(r"include(if\..+)?\.path", key):  # read only on a condition (onbranch:) maybe
+            programs += [path] if os.path.lexists(path := where.parent / os.path.expanduser(value)) else []
         if not GIT_PROGRAMS.fullmatch(key):
             continue
         if key == "core.hookspath":

@@ -153,6 +153,9 @@ def test_action_checkout_v6_s_credentials_file_is_hidden_from_the_model_too(tmp_
     # a project that shares its git config through a tracked file included by .git/config (git config include.path
     # ../.gitconfig): the model adds a program to it
     (["config", "include.path", "../.gitconfig"], "printf '[core]\\n\\tfsmonitor = touch {proof}\\n' >> .gitconfig"),
+    # the same, included only on another branch (git reads it once the user checks that branch out)
+    (["config", "includeIf.onbranch:release.path", "../.gitconfig"],
+     "printf '[core]\\n\\tfsmonitor = touch {proof}\\n' >> .gitconfig"),
     # a pager or an alias that runs a script of the project: the model rewrites the script
     (["config", "pager.log", "./tools/pager.sh"], "printf '#!/bin/sh\\ntouch {proof}\\ncat\\n' > tools/pager.sh"),
 ])
@@ -178,7 +181,8 @@ def test_git_runs_nothing_the_model_wrote_through_an_included_config_or_a_pager(
     finally:
         sandbox.spawner.shutdown()
         protection.remove()
-    user_git(workspace, "status", check=False)  # the user's own git, unconfined, later: in a terminal, with a pager
+    user_git(workspace, "checkout", "-q", "-b", "release")  # the user's own git, unconfined, later
+    user_git(workspace, "status", check=False)  # in a terminal, with a pager too
     subprocess.run(["script", "-qec", "git log", "/dev/null"], cwd=workspace, capture_output=True, timeout=30,
                    env={"PATH": os.environ["PATH"], "HOME": str(workspace.parent / "home"), "TERM": "dumb"})
     assert not proof.exists(), result
