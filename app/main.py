@@ -1781,6 +1781,14 @@ def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, 
                       tuple(sorted(pinned - set(paths), key=lambda p: p.parts)))
 
 
+def guard_for(folders: tuple[Path, ...], asked: Protection, mounted: bool, git_write: bool) -> Guard | None:
+    """The guard of a sandbox over these folders: the file tools refuse all it asked to have read-only; without mounts
+    it puts back every guarded file at each step, and with --sandbox-git-write what would send git elsewhere."""
+    watch = not mounted or git_write  # with mounts and git_write, .git is writable but for its config and hooks
+    return Guard(folders, watch, watch, asked.hooks, GIT_REDIRECTS if mounted and git_write else GUARDED,
+                 read_only=asked.paths) if folders else None
+
+
 def protected(sandbox: Sandbox, guard: Guard | None) -> str:
     """Which protection keeps git's folder, .mcp.json and .claude from confined commands, in one line."""
     if sandbox.read_only:
@@ -6745,14 +6753,11 @@ class Agent:
             self.protection = protection(folders, roots, env, self.cfg.solo_home, self.cfg.sandbox_git_write)
             sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix,
                                             self.protection.paths, self.protection.pinned)
-            mounted, hooks, kept = bool(sandbox.read_only) or not self.protection.paths, self.protection.hooks, \
-                self.protection.paths
+            mounted, asked = bool(sandbox.read_only) or not self.protection.paths, self.protection
             if not sandbox.read_only:  # no mount namespace: the guard puts back what commands change, at every step
                 self.protection.remove()
                 self.protection = Protection()
-            writes_git = mounted and self.cfg.sandbox_git_write  # .git writable: what sends git elsewhere is put back
-            self.guard = Guard(folders, not mounted or writes_git, not mounted or writes_git, hooks,
-                               GIT_REDIRECTS if writes_git else GUARDED, read_only=kept) if folders else None
+            self.guard = guard_for(folders, asked, mounted, self.cfg.sandbox_git_write)
         except BaseException:
             self.close()
             raise
