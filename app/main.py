@@ -1748,6 +1748,7 @@ def wanted(folder: Path, env: dict[str, str], git_write: bool) -> tuple[list[Pat
     else:
         kept, existing = [folder / ".git", *gits], []
     submodules = [top / link / ".git" for link in sorted(read_index(top)[2])[:32]]  # git status enters each one
+    kept += [] if gits else [parent / ".git" for parent in folder.parents]  # no repository: git would look above
     linked = [hook for hook in sorted(gits[-1].joinpath("hooks").glob("*"))[:64] if hook.is_symlink()] if gits else []
     existing += [gits[-1] / "hooks", *linked] if gits else []  # where they lead: a tracked scripts/pre-commit
     return [*kept, *submodules, folder / ".mcp.json", folder / ".claude", *hooks], [*existing, *programs[:32]], hooks

@@ -464,3 +464,26 @@ def test_the_file_tools_refuse_what_commands_may_not_write(serve, run, workspace
     assert all(r.startswith("Error: ") and "may not be changed in this sandbox" in r for r in results), results
     user_git(workspace, "status", check=False)
     assert not proof.exists() and not (workspace / ".claude" / "commands").exists()
+
+
+def test_a_folder_with_no_repository_cannot_be_given_one_above_it(tmp_path):
+    """A project with no .git of its own in a writable folder (an unpacked tarball in /tmp): git looks for a
+    repository in the folders above it, so a command made one there (/tmp/.git, its core.fsmonitor set) and the
+    user's git status in the project ran it."""
+    ws, proof = tmp_path / "t" / "widget-1.0", tmp_path / "proof"
+    ws.mkdir(parents=True)
+    roots = (Path(real(ws)), Path(real(tmp_path / "t")))  # the project, and the temp folder holding it
+    protection = agent.protection((Path(real(ws)),), roots, dict(os.environ), None)
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
+                                    pinned=protection.pinned)
+    ctx = agent.ToolContext(cwd=ws, env={**agent.command_env(dict(os.environ)), **GIT_ENV}, sandbox=sandbox)
+    try:
+        result = agent.tool_bash(ctx, f"git init -q --bare ../.git && git --git-dir ../.git config core.fsmonitor "
+                                      f"'touch {proof}' && git --git-dir ../.git config core.bare false && "
+                                      "git --git-dir ../.git config core.worktree ..")
+    finally:
+        sandbox.spawner.shutdown()
+        protection.remove()
+    user_git(ws, "status", check=False)
+    assert not proof.exists(), result
+    assert not (tmp_path / "t" / ".git").exists() and not (ws / ".git").exists()  # the empty folders are gone
