@@ -397,7 +397,8 @@ def commit_changes(cwd: Path, message: str) -> tuple[bool, str]:
 def solo_program(root: Path, to: Path) -> list[str]:
     """solo's program: this interpreter on a copy of solo's app/ taken now, before any checkout; where the action lies
     in the workspace (`uses: ./.github/actions/solo`), a pull request's own app/ or your_program.sh never runs."""
-    shutil.copytree(root / "app", to / "app", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    shutil.rmtree(to, ignore_errors=True)  # nothing else on the path it is put first on (a planted requests.py)
+    shutil.copytree(root / "app", to / "app", ignore=shutil.ignore_patterns("__pycache__"))
     start = "import sys; sys.path.insert(0, sys.argv.pop(1)); from app.main import cli; cli()"
     return [sys.executable, "-P", "-c", start, str(to)]
 
