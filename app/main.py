@@ -9360,7 +9360,7 @@ def custom_commands(cfg: Config) -> list[dict]:
     folders = [cfg.cwd] + ([cfg.home] if cfg.home else [])
     skills = discover_skills(folders, lambda text: None)
     listed = {s.name: {"name": s.name, "description": s.description, "argumentHint": ""} for s in skills.values()}
-    for name, command in discover_commands(folders).items():
+    for name, command in usable_commands(cfg.cwd, cfg.home, True).items():  # the user's own win a clash, as they run
         listed.setdefault(name, {"name": name, "description": command.description, "argumentHint": command.hint})
     return list(listed.values())
 
