@@ -5241,29 +5241,35 @@ def outside_imports(cfg: Config) -> list[Path]:
     return sorted(found)
 
 
+def one_row(text: str) -> str:
+    """Text for one row of the trust question: a line break or tab in it shown as an escape too, so that a repository
+    cannot push what it asks for out of sight and write rows of its own below."""
+    return visible(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def described(name: str, spec: dict) -> str:
     """A server as the user is asked about it: its command line with its env, or its URL; nothing hidden."""
     import shlex  # only when asking
     if spec.get("type", "stdio") != "stdio" or not spec.get("command"):
         headers = f" (sends the headers {', '.join(spec['headers'])})" if spec.get("headers") else ""
-        return visible(f"{name}: {spec.get('url') or json.dumps(spec)}{headers}")
+        return one_row(f"{name}: {spec.get('url') or json.dumps(spec)}{headers}")
     env = [f"{k}={'***' if is_secret(k, str(v)) else shlex.quote(str(v))} "
            for k, v in (spec.get("env") or {}).items()]
-    return visible(f"{name}: {''.join(env)}{shlex.join([str(spec['command']), *map(str, spec.get('args') or [])])}")
+    return one_row(f"{name}: {''.join(env)}{shlex.join([str(spec['command']), *map(str, spec.get('args') or [])])}")
 
 
 def trust_question(cfg: Config, servers: list[tuple[str, dict]], imports: list[Path], settings: dict) -> str:
     """What the user is asked to approve for this folder, in full."""
-    lines = [f"This folder's own files ask for what only you can allow ({visible(str(cfg.cwd))}):"]
+    lines = [f"This folder's own files ask for what only you can allow ({one_row(str(cfg.cwd))}):"]
     if servers:
         lines += ["  MCP servers from .mcp.json, started as commands here or contacted over HTTP:"]
         lines += [f"    {described(name, spec)}" for name, spec in servers]
     if imports:
         lines += ["  files outside the repository that its CLAUDE.md imports into the model's instructions:"]
-        lines += [f"    {visible(str(path))}" for path in imports]
+        lines += [f"    {one_row(str(path))}" for path in imports]
     for path, wanted in settings.items():
-        lines += [f"  custom commands in {visible(path)} that let tools run without asking (allowed-tools):"
-                  if Path(path).name == "commands" else f"  settings from {visible(path)} that allow more or run "
+        lines += [f"  custom commands in {one_row(path)} that let tools run without asking (allowed-tools):"
+                  if Path(path).name == "commands" else f"  settings from {one_row(path)} that allow more or run "
                   "commands (hooks):"]
         lines += [f"    {key}: {visible(json.dumps(value, ensure_ascii=False))}" for key, value in wanted.items()]
     return "\n".join(lines)
