@@ -202,6 +202,13 @@ HIDDEN_ATTRIBUTES = re.compile(r"""\s(?:alt|title|aria-label|data-[\w-]+)\s*=\s*
 PROMPT_TAGS = re.compile(r"<(?=/?\s*(?:comments?|trigger|title|body|author|diff|changed_files)\b)", re.IGNORECASE)
 
 
+def no_images(text: str) -> str:
+    """The model's Markdown with its images made links: GitHub fetches every image of a comment or a summary from
+    its URL, which would carry what the model read (a private repository's code) to any server, network off or not."""
+    text = re.sub(r"!\[([^\]]*)\]\(", r"[\1](", text)
+    return re.sub(r"<(?=\s*(?:img|picture|source|video|audio)\b)", "&lt;", text, flags=re.IGNORECASE)
+
+
 def clean(text: str | None, limit: int = TEXT_LIMIT) -> str:
     """Untrusted text made visible-only: no HTML comments, no hidden attributes, no invisible characters."""
     text = re.sub(r"<!--.*?(?:-->|$)", "", text or "", flags=re.DOTALL)
@@ -569,7 +576,7 @@ def write_summary(env: dict[str, str], text: str) -> None:
 def summary(result: dict, progress: Progress, conclusion: str, seconds: float) -> str:
     """The readable summary: the answer, then the tool calls, turns and cost."""
     tools = "\n".join(f"- `{t.replace('`', '')}`" for t in progress.tools) or "- none"
-    answer = result.get("result") or "(no answer)"
+    answer = no_images(result.get("result") or "(no answer)")
     return (f"## solo: {conclusion}\n\n{answer}\n\n### Tool calls\n{tools}\n\n"
             f"**{figures(result, seconds)}**, session `{progress.session_id}`\n")
 
@@ -653,7 +660,8 @@ def automation(run: Run, event: Event) -> int:
             agent_files_from(run.cwd, "HEAD")
     status = run.finish(code, tail, progress)
     if run.inputs.comment and event.number:
-        body = progress.result.get("result") if status == 0 else f"**solo failed**: {failure_reason(progress.result, tail)}"
+        body = no_images(progress.result.get("result") or "") if status == 0 else \
+            f"**solo failed**: {failure_reason(progress.result, tail)}"
         run.github.call("POST", f"/issues/{event.number}/comments",
                         body={"body": run.redact(f"{MARKER}\n{body}\n\n[the run]({run.run_url})")})
     return status
@@ -697,7 +705,7 @@ def tag_work(run: Run, event: Event, tracker: Tracker) -> int:
     status = run.finish(code, tail, progress, pushed)
     head = (f"**solo finished** · {figures(progress.result, time.monotonic() - run.started)}" if status == 0 else
             f"**solo failed**: {failure_reason(progress.result, tail)}")
-    answer = progress.result.get("result") if status == 0 else ""
+    answer = no_images(progress.result.get("result") or "") if status == 0 else ""
     tracker.edit(f"{head} · [the run]({run.run_url})\n\n{answer or ''}\n{note}".rstrip(), force=True)
     return status
 
