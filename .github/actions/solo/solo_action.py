@@ -534,7 +534,7 @@ class Tracker:
 def checklist(progress: Progress) -> str:
     """The to-do list as a Markdown checklist and the latest tools."""
     rows = [f"- [{'x' if t.get('status') == 'completed' else ' '}] "
-            f"{'**' if t.get('status') == 'in_progress' else ''}{clean(str(t.get('content', '')), 200)}"
+            f"{'**' if t.get('status') == 'in_progress' else ''}{no_images(clean(str(t.get('content', '')), 200))}"
             f"{'**' if t.get('status') == 'in_progress' else ''}" for t in progress.todos]
     tools = ", ".join(f"`{clean(t, 80).replace('`', '')}`" for t in progress.tools[-8:])
     more = f" (+{len(progress.tools) - 8} earlier)" if len(progress.tools) > 8 else ""
@@ -726,8 +726,9 @@ def publish_commit(run: Run, thread: Thread, branch: str, fork: bool, genv: dict
     if fork:
         diff = git("diff", "HEAD~1", "HEAD", cwd=run.cwd)
         shown = diff if len(diff) <= SHOWN_DIFF_LIMIT else diff[:SHOWN_DIFF_LIMIT] + "\n[cut]"
+        fence = "`" * max(3, 1 + max(map(len, re.findall(r"`+", shown)), default=0))  # no line of it closes the block
         return ("\n---\nThis pull request comes from a fork, so nothing was pushed. The changes:\n\n"
-                f"```diff\n{shown}\n```"), ""
+                f"{fence}diff\n{shown}\n{fence}"), ""
     git("push", "--quiet", "origin", f"HEAD:refs/heads/{branch}", cwd=run.cwd, env=genv)
     if thread.pr:
         return f"\n---\nPushed to `{branch}`.", branch
