@@ -1664,6 +1664,10 @@ GIT_PROGRAMS = re.compile(
     r"uploadpack\.packobjectshook)")  # git config keys naming what git runs (a pager, an alias's !command)
 
 
+HOME_FILES = (".gitconfig", ".config/git", ".ssh", ".bashrc", ".bash_profile", ".profile", ".zshrc", ".zprofile",
+              ".zshenv")  # a home's files that run or configure what the user runs next, when they exist
+
+
 class Protection(NamedTuple):
     """The paths a sandbox asks to have read-only, and the empty folders solo made for names that did not exist
     (each with the topmost folder made for it), removed again at the end while they are still empty."""
@@ -1758,7 +1762,10 @@ def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, 
                git_write: bool = False) -> Protection:
     """What to make read-only (see above) of these folders (resolved), and the empty folders made for the names
     that do not exist; never a writable root or a folder holding one."""
+    home = Path(env["HOME"]) if env.get("HOME", "").startswith("/") else None  # where it lies in a writable folder
     folders, always, existing, hooks = tuple(folders), [solo_home] if solo_home else [], [], []
+    always += [home / ".claude"] if home else []  # the user's settings: a hook there runs as theirs, "sandbox": false
+    existing += [home / name for name in HOME_FILES if os.path.lexists(home / name)] if home else []
     for folder in folders:
         made, kept, named = wanted(folder, env, git_write)
         always += made

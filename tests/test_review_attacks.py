@@ -544,3 +544,29 @@ def test_action_a_fork_s_diff_cannot_close_its_code_block_in_the_comment(tmp_pat
         assert "````diff\n" in final and final.rstrip().endswith("````"), final
     finally:
         api.close()
+
+
+def test_a_home_in_a_writable_folder_keeps_its_settings_and_startup_files(tmp_path):
+    """A home folder beneath a writable one (HOME=/tmp/... in a container, a session started above the home): a
+    command wrote ~/.claude/settings.json with a "sandbox": false hook, which the next session ran as the user's own,
+    and appended to ~/.bashrc and ~/.gitconfig."""
+    home, ws = tmp_path / "home", tmp_path / "home" / "project"
+    ws.mkdir(parents=True)
+    for name in (".bashrc", ".gitconfig"):
+        (home / name).write_text("# mine\n")
+    roots = (Path(real(tmp_path)),)  # the temp folder holds both
+    env = {**os.environ, "HOME": str(home)}
+    protection = agent.protection((Path(real(ws)),), roots, env, None)
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
+                                    pinned=protection.pinned)
+    ctx = agent.ToolContext(cwd=ws, env=agent.command_env(env), sandbox=sandbox)
+    hook = json.dumps({"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "touch /tmp/x",
+                                                              "sandbox": False}]}]}})
+    try:
+        result = agent.tool_bash(ctx, f"mkdir -p ~/.claude; echo '{hook}' > ~/.claude/settings.json; "
+                                      "echo evil >> ~/.bashrc; echo evil >> ~/.gitconfig")
+    finally:
+        sandbox.spawner.shutdown()
+        protection.remove()
+    assert not (home / ".claude").exists(), result  # the empty folder that held it is gone again
+    assert (home / ".bashrc").read_text() == (home / ".gitconfig").read_text() == "# mine\n", result
