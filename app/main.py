@@ -128,7 +128,8 @@ BASH_TIMEOUT_MS, BASH_MAX_TIMEOUT_MS = 120_000, 600_000
 BACKGROUND_GRACE = 0.3  # seconds to drain output after the shell exits before giving up on it
 SEARCH_SECONDS = 30.0  # Glob and Grep stop here: a huge tree or a runaway regex must not hang the agent
 SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "WEBHOOK")  # anywhere
-SECRET_PARTS = {"PASS", "PAT", "AUTH", "PWD", "DSN"}  # as a whole part of a name: GITHUB_PAT, not PATH; MYSQL_PWD
+SECRET_PARTS = {"PASS", "PAT", "AUTH", "PWD", "DSN",  # as a whole part of a name: GITHUB_PAT, not PATH; MYSQL_PWD
+                "JWT", "CREDS", "PRIVATE", "COOKIE", "OAUTH", "BEARER"}  # GitLab's CI_JOB_JWT, GOOGLE_CREDS, GPG_PRIVATE
 SECRET_ENDINGS = ("PASS", "PWD")  # as the end of a part too: PGPASS, SMTPPASS, DBPASS, DBPWD
 PLAIN_WORDS = {"COMPASS", "BYPASS", "ENCOMPASS", "SURPASS", "TRESPASS", "OVERPASS", "UNDERPASS", "OLDPWD"}  # not those
 NOT_SECRETS = {"SSH_AUTH_SOCK", "PWD", "OLDPWD"}  # a socket's path, the working directories

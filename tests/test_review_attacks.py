@@ -570,3 +570,12 @@ def test_a_home_in_a_writable_folder_keeps_its_settings_and_startup_files(tmp_pa
         protection.remove()
     assert not (home / ".claude").exists(), result  # the empty folder that held it is gone again
     assert (home / ".bashrc").read_text() == (home / ".gitconfig").read_text() == "# mine\n", result
+
+
+@pytest.mark.parametrize("name", ["CI_JOB_JWT", "CI_JOB_JWT_V2", "GOOGLE_CREDS", "GPG_PRIVATE", "SESSION_COOKIE",
+                                  "GITHUB_OAUTH", "API_BEARER"])
+def test_more_secret_names_are_kept_from_commands(name):
+    """GitLab CI gives every job CI_JOB_JWT (a signed identity any cloud trusts); *_CREDS, *_PRIVATE, *_COOKIE, *_OAUTH
+    and *_BEARER hold secrets as often: commands, hooks and a project's servers never see them."""
+    assert name not in agent.command_env({name: "s3cr3t-value", "PATH": "/bin"})
+    assert agent.is_secret(name, "x") and not agent.is_secret("PRIVATEER_HOME", "x")  # as a whole part only
