@@ -131,7 +131,8 @@ BASH_TIMEOUT_MS, BASH_MAX_TIMEOUT_MS = 120_000, 600_000
 BACKGROUND_GRACE = 0.3  # seconds to drain output after the shell exits before giving up on it
 SEARCH_SECONDS = 30.0  # Glob and Grep stop here: a huge tree or a runaway regex must not hang the agent
 SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "WEBHOOK")  # anywhere
-SECRET_PARTS = {"PASS", "PAT", "AUTH", "PWD", "DSN"}  # as a whole part of a name: GITHUB_PAT, not PATH; MYSQL_PWD
+SECRET_PARTS = {"PASS", "PAT", "AUTH", "PWD", "DSN",  # as a whole part of a name: GITHUB_PAT, not PATH; MYSQL_PWD
+                "JWT", "CREDS", "PRIVATE", "COOKIE", "OAUTH", "BEARER"}  # GitLab's CI_JOB_JWT, GOOGLE_CREDS, GPG_PRIVATE
 SECRET_ENDINGS = ("PASS", "PWD")  # as the end of a part too: PGPASS, SMTPPASS, DBPASS, DBPWD
 PLAIN_WORDS = {"COMPASS", "BYPASS", "ENCOMPASS", "SURPASS", "TRESPASS", "OVERPASS", "UNDERPASS", "OLDPWD"}  # not those
 NOT_SECRETS = {"SSH_AUTH_SOCK", "PWD", "OLDPWD"}  # a socket's path, the working directories
@@ -1219,6 +1220,8 @@ def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool =
 # unconfined and later. Guarded under the working directory and each --add-dir; .git/hooks as a whole tree.
 GUARDED = (".mcp.json", ".claude/settings.json", ".claude/settings.local.json", ".git/config", ".git/hooks",
            ".git/commondir", ".git/config.worktree")  # and the same three of each repository under .git/modules
+GIT_REDIRECTS = (".git/commondir", ".git/config.worktree")  # with commits allowed, what would still give git another
+# config and hooks (with each submodule's and worktree's, which `scan` always adds): put back, as no mount can hold them
 GUARD_DEPTH = 16  # folders deeper than this under a guarded one are a change in themselves
 GUARDED_FOLDERS = (".git", ".claude")  # what holds them: only something other than a folder there is a change
 GUARD_FILE_LIMIT = 1 << 20  # bytes of one guarded file kept to put back (a larger one is only watched)
@@ -1411,12 +1414,13 @@ def modules(fd: int, prefix: str = ".git/modules", depth: int = 4) -> list[str]:
     return found
 
 
-def scan(folder: Path) -> dict[str, tuple | None]:
-    """The GUARDED names under a folder (and the folders holding them) as they are now, by relative path."""
+def scan(folder: Path, names: tuple[str, ...] = GUARDED) -> dict[str, tuple | None]:
+    """The GUARDED names (or `names`) under a folder, with those of its submodules and worktrees (and the folders
+    holding them), as they are now, by relative path."""
     found: dict[str, tuple | None] = {}
     fd = open_folder(folder)
     try:
-        for rel in (*GUARDED, *(f"{git}/{name}" for git in modules(fd) for name in ("config", "hooks", "commondir")),
+        for rel in (*names, *(f"{git}/{name}" for git in modules(fd) for name in ("config", "hooks", "commondir")),
                     *(f"{tree}/{name}" for tree in modules(fd, ".git/worktrees", 0)
                       for name in ("commondir", "gitdir", "config.worktree"))):
             look(fd, rel.split("/"), "", found)
@@ -1504,10 +1508,10 @@ def put_back(folder: Path, rel: str, was: tuple | None) -> str:
     return "removed" if was is None else "recreated" if now is None else "restored"
 
 
-def restore(folder: Path, kept: dict[str, tuple | None]) -> list[tuple[str, str]]:
+def restore(folder: Path, kept: dict[str, tuple | None], names: tuple[str, ...] = GUARDED) -> list[tuple[str, str]]:
     """Put the guarded names under a folder back as `kept` holds them: what was added removed (deepest first), the
     rest put back (parents first); each change with how it was undone."""
-    now = scan(folder)
+    now = scan(folder, names)
     changed = [rel for rel in sorted(kept.keys() | now.keys()) if differs(rel, kept.get(rel), now.get(rel))]
     undone = [(rel, put_back(folder, rel, None)) for rel in reversed(changed) if kept.get(rel) is None]
     return undone + [(rel, put_back(folder, rel, kept[rel])) for rel in changed if kept.get(rel) is not None]
@@ -1589,10 +1593,12 @@ class Guard:
     anything confined changes there is put back by `undo`; where confined commands may write the git index (`links`),
     a gitlink that appears in it is named, and the index put back."""
 
-    def __init__(self, folders: tuple[Path, ...], watch: bool = True, links: bool = True, hooks: tuple[Path, ...] = ()):
+    def __init__(self, folders: tuple[Path, ...], watch: bool = True, links: bool = True, hooks: tuple[Path, ...] = (),
+                 names: tuple[str, ...] = GUARDED, *, read_only: tuple[Path, ...] = ()):
         self.folders, self.watch, self.lock, self.pending = folders, watch, threading.Lock(), []
-        self.hooks = hooks  # the hooks folders git's config names: the file tools may not write them either
-        self.kept = {folder: scan(folder) for folder in folders} if watch else {}
+        self.hooks, self.names = hooks, names  # the hooks folders git's config names: the file tools may not write them
+        self.read_only = read_only  # what the sandbox keeps from commands (Protection.paths): from the file tools too
+        self.kept = {folder: scan(folder, names) for folder in folders} if watch else {}  # what `watch` puts back
         self.index = {folder: read_index(folder) for folder in folders} if links else {}
 
     def refuse(self, real: Path, file_path: str) -> None:
@@ -1604,6 +1610,9 @@ class Guard:
             if real.is_relative_to(folder) and guarded(real.relative_to(folder).as_posix()):
                 raise ToolError(f"{file_path} may not be changed in this sandbox: git hooks and config, .mcp.json "
                                 "and Claude settings would run code outside it later; ask the user to change it")
+        if any(real.is_relative_to(path) for path in self.read_only):
+            raise ToolError(f"{file_path} may not be changed in this sandbox: git or solo would read or run it outside "
+                            "the sandbox later (a config git includes, a program it runs, .claude); ask the user")
 
     def undo(self) -> list[str]:
         """Put back every guarded file changed since the start, and the index where a gitlink appeared; each change
@@ -1612,7 +1621,7 @@ class Guard:
             undone, self.pending = self.pending, []
             for i, folder in enumerate(self.folders if self.watch or self.index else ()):
                 try:
-                    found = restore(folder, self.kept[folder]) if self.watch else []
+                    found = restore(folder, self.kept[folder], self.names) if self.watch else []
                     found += self.gitlinks(folder) if self.index else []
                     undone += [f"{folder / rel if i else rel} ({how})" for rel, how in found]
                 except OSError as error:
@@ -1655,9 +1664,16 @@ class Guard:
 # folders it leads to, .mcp.json, .claude, the hooks folder and the programs git's config names; and SOLO_HOME; each
 # only where it lies beneath a writable root. A name that does not exist gets an empty folder to mount over (git
 # ignores an empty .git and an empty folder; solo reads no .mcp.json folder): nothing confined can then make it.
-GIT_PROGRAMS = (r"^(core\.(hookspath|fsmonitor|sshcommand|pager|editor|askpass)|sequence\.editor|diff\.external|"
-                r"diff\..+\.(textconv|command)|filter\..+\.(clean|smudge|process)|merge\..+\.driver|"
-                r"gpg\.(.+\.)?program|credential\.(.+\.)?helper)$")  # git config keys naming what git runs
+GIT_PROGRAMS = re.compile(
+    r"(core\.(hookspath|fsmonitor|sshcommand|pager|editor|askpass|gitproxy|alternaterefscommand)|sequence\.editor|"
+    r"diff\.external|diff\..+\.(textconv|command)|filter\..+\.(clean|smudge|process)|merge\..+\.driver|"
+    r"gpg\.(.+\.)?program|gpg\.ssh\.defaultkeycommand|credential\.(.+\.)?helper|pager\..+|alias\..+|"
+    r"interactive\.difffilter|(diff|merge)tool\..+\.cmd|remote\..+\.(uploadpack|receivepack)|submodule\..+\.update|"
+    r"uploadpack\.packobjectshook)")  # git config keys naming what git runs (a pager, an alias's !command)
+
+
+HOME_FILES = (".gitconfig", ".config/git", ".ssh", ".bashrc", ".bash_profile", ".profile", ".zshrc", ".zprofile",
+              ".zshenv")  # a home's files that run or configure what the user runs next, when they exist
 
 
 class Protection(NamedTuple):
@@ -1700,19 +1716,27 @@ def git_folders(folder: Path) -> tuple[Path, list[Path]]:
 
 def git_programs(gitdir: Path, top: Path, env: dict[str, str]) -> tuple[list[Path], list[Path]]:
     """The hooks folders git's config (every file git reads for this repository) names, and the paths of programs it
-    names that exist (a word with a '/', relative ones from the repository's top, where git runs them)."""
+    names that exist (a word with a '/', relative ones from the repository's top, where git runs them), with every
+    config file it read (an included one in the worktree would give git a program as well as .git/config could)."""
     import shlex
     import shutil
     git = shutil.which("git", path=env.get("PATH"))
     try:
-        out = subprocess.run([git, "--git-dir", str(gitdir), "config", "-z", "--get-regexp", GIT_PROGRAMS], cwd=top,
+        out = subprocess.run([git, "--git-dir", str(gitdir), "config", "-z", "--show-origin", "--list"], cwd=top,
                              env={k: v for k, v in env.items() if not k.startswith("GIT_")}, capture_output=True,
                              timeout=10).stdout if git else b""
     except (OSError, subprocess.SubprocessError):
         return [], []
+    items = out.split(b"\0")
     hooks, programs = [], []
-    for item in filter(None, out.split(b"\0")):
+    for origin, item in zip(items[::2], items[1::2]):
         key, _, value = os.fsdecode(item).partition("\n")
+        where = top / os.path.expanduser(os.fsdecode(origin[5:])) if origin.startswith(b"file:") else None
+        programs += [where] if where else []
+        if where and re.fullmatch(r"include(if\..+)?\.path", key):  # read only on a condition (onbranch:) maybe
+            programs += [path] if os.path.lexists(path := where.parent / os.path.expanduser(value)) else []
+        if not GIT_PROGRAMS.fullmatch(key):
+            continue
         if key == "core.hookspath":
             hooks.append(top / os.path.expanduser(value))
             continue
@@ -1722,26 +1746,34 @@ def git_programs(gitdir: Path, top: Path, env: dict[str, str]) -> tuple[list[Pat
             words = value.removeprefix("!").split()
         programs += [path for word in words if "/" in word and not word.startswith("-")
                      and os.path.lexists(path := top / os.path.expanduser(word))]
-    return hooks, programs
+    return hooks, list(dict.fromkeys(programs))
 
 
 def wanted(folder: Path, env: dict[str, str], git_write: bool) -> tuple[list[Path], list[Path], list[Path]]:
-    """One folder's paths to make read-only: those an empty folder stands in for while missing, those that count
-    only when they exist (a program git runs; with `git_write`, git's config), and the hooks folders git runs."""
+    """One folder's paths to make read-only: those an empty folder stands in for while missing (each submodule's .git,
+    through which git status enters it), those that count only when they exist (a program git runs; with
+    `git_write`, git's config), and the hooks folders git runs."""
     top, gits = git_folders(folder)
     hooks, programs = git_programs(gits[0], top, env) if gits else ([], [])
     if git_write:  # commits may be made: only what git runs and reads its commands from stays read-only
         kept, existing = [gits[-1] / "hooks"] * bool(gits), [gits[-1] / "config"] * bool(gits)
     else:
         kept, existing = [folder / ".git", *gits], []
-    return [*kept, folder / ".mcp.json", folder / ".claude", *hooks], [*existing, *programs[:32]], hooks
+    submodules = [top / link / ".git" for link in sorted(read_index(top)[2])[:32]]  # git status enters each one
+    kept += [] if gits else [parent / ".git" for parent in folder.parents]  # no repository: git would look above
+    linked = [hook for hook in sorted(gits[-1].joinpath("hooks").glob("*"))[:64] if hook.is_symlink()] if gits else []
+    existing += [gits[-1] / "hooks", *linked] if gits else []  # where they lead: a tracked scripts/pre-commit
+    return [*kept, *submodules, folder / ".mcp.json", folder / ".claude", *hooks], [*existing, *programs[:32]], hooks
 
 
 def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, str], solo_home: Path | None,
                git_write: bool = False) -> Protection:
     """What to make read-only (see above) of these folders (resolved), and the empty folders made for the names
     that do not exist; never a writable root or a folder holding one."""
+    home = Path(env["HOME"]) if env.get("HOME", "").startswith("/") else None  # where it lies in a writable folder
     folders, always, existing, hooks = tuple(folders), [solo_home] if solo_home else [], [], []
+    always += [home / ".claude"] if home else []  # the user's settings: a hook there runs as theirs, "sandbox": false
+    existing += [home / name for name in HOME_FILES if os.path.lexists(home / name)] if home else []
     for folder in folders:
         made, kept, named = wanted(folder, env, git_write)
         always += made
@@ -1763,6 +1795,14 @@ def protection(folders: Iterable[Path], roots: tuple[Path, ...], env: dict[str, 
     pinned = {a for p in paths for a in p.parents if any(a.is_relative_to(r) and a != r for r in roots)}
     return Protection(tuple(paths), tuple(made), tuple(h for h in hooks if any(h.is_relative_to(r) for r in roots)),
                       tuple(sorted(pinned - set(paths), key=lambda p: p.parts)))
+
+
+def guard_for(folders: tuple[Path, ...], asked: Protection, mounted: bool, git_write: bool) -> Guard | None:
+    """The guard of a sandbox over these folders: the file tools refuse all it asked to have read-only; without mounts
+    it puts back every guarded file at each step, and with --sandbox-git-write what would send git elsewhere."""
+    watch = not mounted or git_write  # with mounts and git_write, .git is writable but for its config and hooks
+    return Guard(folders, watch, watch, asked.hooks, GIT_REDIRECTS if mounted and git_write else GUARDED,
+                 read_only=asked.paths) if folders else None
 
 
 def protected(sandbox: Sandbox, guard: Guard | None) -> str:
@@ -2654,6 +2694,12 @@ def discover_commands(folders: list[Path], untrusted: Path | None = None) -> dic
                                                        fields.get("argument-hint", ""), fields.get("model", ""),
                                                        () if base == untrusted else allowed, body.strip()))
     return commands
+
+
+def usable_commands(cwd: Path, home: Path | None, trusted: bool) -> dict[str, Command]:
+    """The custom commands a run offers: the user's own first (they win a name clash), then the project's, which grant
+    no tools until the project is trusted."""
+    return discover_commands(([home] if home else []) + [cwd], None if trusted or cwd == home else cwd)
 
 
 def command_grants(cwd: Path, home: Path | None) -> dict[str, list[str]]:
@@ -3597,6 +3643,8 @@ def instruction_files(cwd: Path, home: Path | None) -> list[tuple[Path, Path]]:
     file, the repository for the project's, / for files above the repository, which no clone can have put there)."""
     chain = (cwd, *cwd.parents)
     root = next((p for p in chain if (p / ".git").exists()), cwd)
+    if home and home.is_relative_to(root) and root != cwd:  # a home kept in git (~/.git) is no project's repository:
+        root = cwd  # a tarball unpacked in it would import ~/.ssh as its own
     found = [(home / ".claude" / "CLAUDE.md", home)] if home else []
     for folder in reversed(chain):  # / first, cwd last
         inside = folder == root or folder.is_relative_to(root)
@@ -4125,6 +4173,8 @@ class McpServer:
         """What went wrong, told without the server's URL beyond where() or its headers' values."""
         if isinstance(error, requests.RequestException):  # its text repeats the URL, query included
             return f"cannot reach {self.where()} ({type(error).__name__})"
+        if isinstance(error, OSError) and error.filename is not None:  # its text repeats the command, ${VAR} filled
+            return f"its command could not be started ({error.strerror or type(error).__name__})"
         import urllib.parse  # already loaded by requests: free
         parts = urllib.parse.urlsplit(url := str(self.spec.get("url") or ""))
         values = [str(v) for v in (self.spec.get("headers") or {}).values()]
@@ -4373,7 +4423,8 @@ SETTING_SOURCES = ("user", "project", "local")
 SETTING_TYPES = {"permissions": dict, "env": dict, "model": str, "cleanupPeriodDays": (int, float), "hooks": dict,
                  "enableAllProjectMcpServers": bool, "enabledMcpjsonServers": list, "disabledMcpjsonServers": list}
 PERMISSION_TYPES = {"allow": list, "ask": list, "deny": list, "defaultMode": str, "additionalDirectories": list}
-LOOSENING = ("allow", "hooks", "env", "defaultMode", "additionalDirectories", "model")  # wait for trust in a project
+LOOSENING = ("allow", "hooks", "env", "defaultMode", "additionalDirectories", "model",  # wait for trust in a project
+             "cleanupPeriodDays")  # it deletes every project's transcripts older than it says
 
 
 def project_root(cwd: Path) -> Path:
@@ -5285,29 +5336,35 @@ def outside_imports(cfg: Config) -> list[Path]:
     return sorted(found)
 
 
+def one_row(text: str) -> str:
+    """Text for one row of the trust question: a line break or tab in it shown as an escape too, so that a repository
+    cannot push what it asks for out of sight and write rows of its own below."""
+    return visible(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def described(name: str, spec: dict) -> str:
     """A server as the user is asked about it: its command line with its env, or its URL; nothing hidden."""
     import shlex  # only when asking
     if spec.get("type", "stdio") != "stdio" or not spec.get("command"):
         headers = f" (sends the headers {', '.join(spec['headers'])})" if spec.get("headers") else ""
-        return visible(f"{name}: {spec.get('url') or json.dumps(spec)}{headers}")
+        return one_row(f"{name}: {spec.get('url') or json.dumps(spec)}{headers}")
     env = [f"{k}={'***' if is_secret(k, str(v)) else shlex.quote(str(v))} "
            for k, v in (spec.get("env") or {}).items()]
-    return visible(f"{name}: {''.join(env)}{shlex.join([str(spec['command']), *map(str, spec.get('args') or [])])}")
+    return one_row(f"{name}: {''.join(env)}{shlex.join([str(spec['command']), *map(str, spec.get('args') or [])])}")
 
 
 def trust_question(cfg: Config, servers: list[tuple[str, dict]], imports: list[Path], settings: dict) -> str:
     """What the user is asked to approve for this folder, in full."""
-    lines = [f"This folder's own files ask for what only you can allow ({visible(str(cfg.cwd))}):"]
+    lines = [f"This folder's own files ask for what only you can allow ({one_row(str(cfg.cwd))}):"]
     if servers:
         lines += ["  MCP servers from .mcp.json, started as commands here or contacted over HTTP:"]
         lines += [f"    {described(name, spec)}" for name, spec in servers]
     if imports:
         lines += ["  files outside the repository that its CLAUDE.md imports into the model's instructions:"]
-        lines += [f"    {visible(str(path))}" for path in imports]
+        lines += [f"    {one_row(str(path))}" for path in imports]
     for path, wanted in settings.items():
-        lines += [f"  custom commands in {visible(path)} that let tools run without asking (allowed-tools):"
-                  if Path(path).name == "commands" else f"  settings from {visible(path)} that allow more or run "
+        lines += [f"  custom commands in {one_row(path)} that let tools run without asking (allowed-tools):"
+                  if Path(path).name == "commands" else f"  settings from {one_row(path)} that allow more or run "
                   "commands (hooks):"]
         lines += [f"    {key}: {visible(json.dumps(value, ensure_ascii=False))}" for key, value in wanted.items()]
     return "\n".join(lines)
@@ -6764,8 +6821,7 @@ class Agent:
                 f"\n- {kind.name}: {kind.description}" for kind in list(self.agent_types.values())[1:]))
         self.shells, self.asking = Shells(), threading.Lock()  # asking: one permission question at a time
         self.turns = 0  # prompts run: a sub-agent left running by a cancelled one stops at its next step
-        self.commands = discover_commands(([cfg.home] if cfg.home else []) + [cfg.cwd],  # .claude/commands, yours
-                                          None if self.trust.settings or cfg.cwd == cfg.home else cfg.cwd)  # first
+        self.commands = usable_commands(cfg.cwd, cfg.home, bool(self.trust.settings))
         given = {**command_env(env, cfg.pass_env), **settings_env(cfg, self.trust.settings)}
         sandbox = self.confine(given)
         self.spawner = sandbox.spawner if sandbox else Spawner()
@@ -6802,12 +6858,11 @@ class Agent:
             self.protection = protection(folders, roots, env, self.cfg.solo_home, self.cfg.sandbox_git_write)
             sandbox, warning = make_sandbox(self.cfg.sandbox, roots, self.cfg.sandbox_network, self.cfg.sandbox_unix,
                                             self.protection.paths, self.protection.pinned)
-            mounted, hooks = bool(sandbox.read_only) or not self.protection.paths, self.protection.hooks
+            mounted, asked = bool(sandbox.read_only) or not self.protection.paths, self.protection
             if not sandbox.read_only:  # no mount namespace: the guard puts back what commands change, at every step
                 self.protection.remove()
                 self.protection = Protection()
-            self.guard = Guard(folders, not mounted, not mounted or self.cfg.sandbox_git_write, hooks) if folders \
-                else None
+            self.guard = guard_for(folders, asked, mounted, self.cfg.sandbox_git_write)
         except BaseException:
             self.close()
             raise
@@ -10002,7 +10057,7 @@ def custom_commands(cfg: Config) -> list[dict]:
     folders = [cfg.cwd] + ([cfg.home] if cfg.home else [])
     skills = discover_skills(folders, lambda text: None)
     listed = {s.name: {"name": s.name, "description": s.description, "argumentHint": ""} for s in skills.values()}
-    for name, command in discover_commands(folders).items():
+    for name, command in usable_commands(cfg.cwd, cfg.home, True).items():  # the user's own win a clash, as they run
         listed.setdefault(name, {"name": name, "description": command.description, "argumentHint": command.hint})
     return list(listed.values())
 
@@ -10758,7 +10813,7 @@ class AcpSession:
     def refresh(self) -> None:
         """Custom commands added, changed or removed since the last look: the editor's / menu is told."""
         cfg = self.agent.cfg
-        if (found := discover_commands([cfg.cwd] + ([cfg.home] if cfg.home else []))) != self.agent.commands:
+        if (found := usable_commands(cfg.cwd, cfg.home, bool(self.agent.trust.settings))) != self.agent.commands:
             self.agent.commands = found
             self.announce()
 

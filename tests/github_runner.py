@@ -197,21 +197,23 @@ def read_outputs(path: Path) -> dict:
 
 
 def run_action(tmp: Path, workspace: Path, api: FakeGitHub, model_url: str, event: str, payload: dict,
-               inputs: dict, actor: str = "alice", extra_env: dict | None = None) -> StepRun:
-    """The composite action's steps, run as the runner runs them."""
-    spec = yaml.safe_load((ACTION / "action.yml").read_text())
+               inputs: dict, actor: str = "alice", extra_env: dict | None = None, wrap: tuple = (),
+               action: Path = ACTION) -> StepRun:
+    """The composite action's steps, run as the runner runs them (under `wrap`: a runner without user namespaces;
+    `action`: where the action lies, `uses: ./.github/actions/solo` puts it in the workspace)."""
+    spec = yaml.safe_load((action / "action.yml").read_text())
     temp = tmp / "runner-temp"
     temp.mkdir(exist_ok=True)
     event_path, output, summary = temp / "event.json", temp / "output.txt", temp / "summary.md"
     event_path.write_text(json.dumps(payload))
-    context = {"github.token": TOKEN, "github.action_path": str(ACTION)}
+    context = {"github.token": TOKEN, "github.action_path": str(action)}
     given = {name: expression(str(inputs.get(name, spec_input.get("default", ""))), {}, context)
              for name, spec_input in spec["inputs"].items()}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_", "GITHUB_"))}
     env.update({"GITHUB_EVENT_NAME": event, "GITHUB_EVENT_PATH": str(event_path), "GITHUB_REPOSITORY": REPO,
                 "GITHUB_API_URL": api.url, "GITHUB_SERVER_URL": "https://github.example", "GITHUB_RUN_ID": "4242",
                 "GITHUB_ACTOR": actor, "GITHUB_WORKSPACE": str(workspace), "RUNNER_TEMP": str(temp),
-                "GITHUB_ACTION_PATH": str(ACTION), "GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(summary),
+                "GITHUB_ACTION_PATH": str(action), "GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(summary),
                 "OPENROUTER_BASE_URL": model_url, "ACTIONS_RUNTIME_TOKEN": "runtime-" + TOKEN[4:],
                 "SOLO_ACTION_INTERVAL": "0", **(extra_env or {})})
     log, code, masks = "", 0, []
@@ -219,7 +221,7 @@ def run_action(tmp: Path, workspace: Path, api: FakeGitHub, model_url: str, even
         script = temp / f"step{number}.sh"
         script.write_text(expression(step["run"], given, context))
         step_env = {**env, **{k: expression(str(v), given, context) for k, v in (step.get("env") or {}).items()}}
-        done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=workspace,
+        done = subprocess.run([*wrap, "bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=workspace,
                               env=step_env, capture_output=True, text=True, timeout=180)
         # the runner takes ::add-mask:: lines as commands, not log lines; the rest is kept unmasked, so that a
         # test sees whether a secret would have depended on the mask

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple
 import requests
 
 MARKER = "<!-- solo-action -->"  # every comment the action writes starts with it: its own comments never trigger it
+WORKFLOWS = ".github/workflows"  # never committed by the action: a pushed branch's workflows run with the secrets
 AGENT_PATHS = (".claude", ".mcp.json", "CLAUDE.md", "CLAUDE.local.md", "AGENTS.md")  # a PR may not configure its reviewer
 TEXT_LIMIT = 20_000  # characters of one issue body or comment put into the prompt
 DIFF_LIMIT = 60_000  # characters of a pull request's diff put into the prompt
@@ -197,11 +199,22 @@ def allowed_actor(event: Event, github: GitHub, allowed: frozenset[str]) -> str 
 HIDDEN_ATTRIBUTES = re.compile(r"""\s(?:alt|title|aria-label|data-[\w-]+)\s*=\s*(?:"[^"]*"|'[^']*')""", re.IGNORECASE)
 
 
+PROMPT_TAGS = re.compile(r"<(?=/?\s*(?:comments?|trigger|title|body|author|diff|changed_files)\b)", re.IGNORECASE)
+
+
+def no_images(text: str) -> str:
+    """The model's Markdown with its images made links: GitHub fetches every image of a comment or a summary from
+    its URL, which would carry what the model read (a private repository's code) to any server, network off or not."""
+    text = re.sub(r"!\[([^\]]*)\]\(", r"[\1](", text)
+    return re.sub(r"<(?=\s*(?:img|picture|source|video|audio)\b)", "&lt;", text, flags=re.IGNORECASE)
+
+
 def clean(text: str | None, limit: int = TEXT_LIMIT) -> str:
     """Untrusted text made visible-only: no HTML comments, no hidden attributes, no invisible characters."""
     text = re.sub(r"<!--.*?(?:-->|$)", "", text or "", flags=re.DOTALL)
     text = HIDDEN_ATTRIBUTES.sub("", text)
     text = "".join(c for c in text if c in "\n\t" or unicodedata.category(c) not in ("Cf", "Cc", "Co", "Cn"))
+    text = PROMPT_TAGS.sub("&lt;", text)  # the prompt's own marks made inert: no comment "by" someone else
     return text if len(text) <= limit else text[:limit] + f"\n[cut: {len(text) - limit} more characters]"
 
 
@@ -287,19 +300,47 @@ def push_env(env: dict[str, str], token: str) -> dict[str, str]:
             "GIT_CONFIG_KEY_0": f"http.{server}/.extraheader", "GIT_CONFIG_VALUE_0": f"AUTHORIZATION: basic {basic}"}
 
 
-def hide_credentials(cwd: Path) -> list[tuple[str, str]]:
-    """Takes out the extra headers actions/checkout leaves in .git/config (the token); returns them to put back."""
-    found = git("config", "--local", "--get-regexp", r"^http\..*\.extraheader$", cwd=cwd, check=False)
-    saved = [tuple(line.split(" ", 1)) for line in found.splitlines() if " " in line]
-    for key, _ in saved:
+class Hidden(NamedTuple):
+    """The credentials taken away while solo runs: .git/config's extra headers, and the files its includes name that
+    hold one (actions/checkout v6 keeps the token in $RUNNER_TEMP/git-credentials-*.config), with their modes."""
+
+    headers: list[tuple[str, str]]
+    files: list[tuple[Path, bytes, int]]
+
+
+def local_config(cwd: Path, pattern: str) -> list[tuple[str, str]]:
+    """The (key, value) pairs of .git/config whose key matches the pattern."""
+    found = git("config", "-z", "--local", "--get-regexp", pattern, cwd=cwd, check=False)
+    return [tuple(item.split("\n", 1)) for item in found.split("\0") if "\n" in item]  # type: ignore[misc]
+
+
+def hide_credentials(cwd: Path) -> Hidden:
+    """Takes out the extra headers actions/checkout leaves in .git/config, and removes the credentials files its
+    includes name (a confined command may read any file: only one that is gone is safe); returns them to put back."""
+    headers = local_config(cwd, r"^http\..*\.extraheader$")
+    for key, _ in headers:
         git("config", "--local", "--unset-all", key, cwd=cwd, check=False)
-    return saved  # type: ignore[return-value]
+    files = []
+    named = (Path(os.path.expanduser(value)) for _, value in local_config(cwd, r"^include(if)?\..*path$"))
+    for path in dict.fromkeys(cwd / ".git" / path for path in named):  # a relative one is .git's: an absolute wins
+        try:
+            data, mode = path.read_bytes(), path.stat().st_mode & 0o7777
+        except OSError:
+            continue
+        if b"extraheader" in data.lower():
+            path.unlink()
+            files.append((path, data, mode))
+    return Hidden(headers, files)
 
 
-def restore_credentials(cwd: Path, saved: list[tuple[str, str]]) -> None:
+def restore_credentials(cwd: Path, hidden: Hidden) -> None:
     """Puts back what hide_credentials took out."""
-    for key, value in saved:
+    for key, value in hidden.headers:
         git("config", "--local", "--add", key, value, cwd=cwd, check=False)
+    for path, data, mode in hidden.files:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
 
 def checkout_pr(cwd: Path, pr: dict, fork: bool, genv: dict) -> None:
@@ -344,22 +385,34 @@ def new_branch(cwd: Path, prefix: str, number: int) -> str:
     return name
 
 
-def commit_changes(cwd: Path, message: str) -> bool:
-    """Commits everything solo changed; False when nothing changed."""
+def commit_changes(cwd: Path, message: str) -> tuple[bool, str]:
+    """Commits everything solo changed but workflows (a pushed branch's workflow runs with the repository's
+    secrets); whether anything was committed, and the workflow files left uncommitted."""
     git("add", "--all", cwd=cwd)
+    left = git("diff", "--cached", "--name-only", "--", WORKFLOWS, cwd=cwd)
+    if left:
+        git("reset", "--quiet", "--", WORKFLOWS, cwd=cwd)
     if not git("status", "--porcelain", "--untracked-files=no", cwd=cwd):
-        return False
+        return False, left
     args = [a for k, v in BOT.items() for a in ("-c", f"{k}={v}")]
     git(*args, "commit", "--quiet", "--no-verify", "-m", message, cwd=cwd)
-    return True
+    return True, left
 
 
 # --- Running solo ---------------------------------------------------------------------------------
 
-def solo_command(inputs: Inputs, prompt: str, root: Path) -> list[str]:
+def solo_program(root: Path, to: Path) -> list[str]:
+    """solo's program: this interpreter on a copy of solo's app/ taken now, before any checkout; where the action lies
+    in the workspace (`uses: ./.github/actions/solo`), a pull request's own app/ or your_program.sh never runs."""
+    shutil.rmtree(to, ignore_errors=True)  # nothing else on the path it is put first on (a planted requests.py)
+    shutil.copytree(root / "app", to / "app", ignore=shutil.ignore_patterns("__pycache__"))
+    start = "import sys; sys.path.insert(0, sys.argv.pop(1)); from app.main import cli; cli()"
+    return [sys.executable, "-P", "-c", start, str(to)]
+
+
+def solo_command(inputs: Inputs, prompt: str, program: list[str]) -> list[str]:
     """solo's command line: -p with stream-json, the sandbox, the model and the limits."""
-    command = [str(root / "your_program.sh"), "-p", "--output-format", "stream-json", "--verbose",
-               "--sandbox", inputs.sandbox]
+    command = [*program, "-p", "--output-format", "stream-json", "--verbose", "--sandbox", inputs.sandbox]
     for flag, value in (("--model", inputs.model), ("--max-turns", inputs.max_turns), ("--max-cost", inputs.max_cost)):
         if value:
             command += [flag, value]
@@ -481,7 +534,7 @@ class Tracker:
 def checklist(progress: Progress) -> str:
     """The to-do list as a Markdown checklist and the latest tools."""
     rows = [f"- [{'x' if t.get('status') == 'completed' else ' '}] "
-            f"{'**' if t.get('status') == 'in_progress' else ''}{clean(str(t.get('content', '')), 200)}"
+            f"{'**' if t.get('status') == 'in_progress' else ''}{no_images(clean(str(t.get('content', '')), 200))}"
             f"{'**' if t.get('status') == 'in_progress' else ''}" for t in progress.todos]
     tools = ", ".join(f"`{clean(t, 80).replace('`', '')}`" for t in progress.tools[-8:])
     more = f" (+{len(progress.tools) - 8} earlier)" if len(progress.tools) > 8 else ""
@@ -523,7 +576,7 @@ def write_summary(env: dict[str, str], text: str) -> None:
 def summary(result: dict, progress: Progress, conclusion: str, seconds: float) -> str:
     """The readable summary: the answer, then the tool calls, turns and cost."""
     tools = "\n".join(f"- `{t.replace('`', '')}`" for t in progress.tools) or "- none"
-    answer = result.get("result") or "(no answer)"
+    answer = no_images(result.get("result") or "(no answer)")
     return (f"## solo: {conclusion}\n\n{answer}\n\n### Tool calls\n{tools}\n\n"
             f"**{figures(result, seconds)}**, session `{progress.session_id}`\n")
 
@@ -536,10 +589,12 @@ class Run:
     def __init__(self, env: dict[str, str]):
         self.env = env
         self.inputs = read_inputs(env)
-        self.redact = Redactor(self.inputs.key, self.inputs.token)
+        basic = base64.b64encode(f"x-access-token:{self.inputs.token}".encode()).decode() if self.inputs.token else ""
+        self.redact = Redactor(self.inputs.key, self.inputs.token, basic)  # the token as git's header carries it too
         self.cwd = Path(env.get("GITHUB_WORKSPACE") or os.getcwd())
-        self.root = Path(__file__).resolve().parents[3]
-        self.home = Path(env.get("RUNNER_TEMP") or "/tmp") / f"solo-home-{env.get('GITHUB_RUN_ID', 'local')}"
+        temp, run_id = Path(env.get("RUNNER_TEMP") or "/tmp"), env.get("GITHUB_RUN_ID", "local")
+        self.program = solo_program(Path(__file__).resolve().parents[3], temp / f"solo-program-{run_id}")
+        self.home = temp / f"solo-home-{run_id}"
         self.github = GitHub(env, self.inputs.token)
         server = env.get("GITHUB_SERVER_URL", "https://github.com").rstrip("/")
         self.server = f"{server}/{self.github.repo}"
@@ -552,7 +607,7 @@ class Run:
         progress = Progress()
         saved = hide_credentials(self.cwd)
         try:
-            code, tail = run_solo(solo_command(self.inputs, prompt, self.root),
+            code, tail = run_solo(solo_command(self.inputs, prompt, self.program),
                                   solo_env(self.env, self.inputs, self.home), self.cwd, progress,
                                   lambda: on_change(progress), self.redact)
         finally:
@@ -583,12 +638,30 @@ def failure_reason(result: dict, tail: str) -> str:
     return " ".join(str(text or "solo stopped without a result").split())[:500]
 
 
+def base_agent_files(run: Run, event: Event) -> str:
+    """On a pull request's event, the agent's files taken from its base commit (fetched when missing): a PR cannot
+    instruct or configure the agent a workflow runs on it; the base's sha ("" on other events)."""
+    base = str(((event.payload.get("pull_request") or {}).get("base") or {}).get("sha") or "")
+    if base:
+        if not git("rev-parse", "--quiet", "--verify", f"{base}^{{commit}}", cwd=run.cwd, check=False):
+            git("fetch", "--quiet", "--depth=1", "origin", base, cwd=run.cwd, env=push_env(run.env, run.inputs.token))
+        agent_files_from(run.cwd, base)
+    return base
+
+
 def automation(run: Run, event: Event) -> int:
-    """Automation mode: the prompt on any event; a comment only when asked."""
-    code, tail, progress = run.solo(run.inputs.prompt, lambda progress: None)
+    """Automation mode: the prompt on any event (on a pull request's, with the base's agent files); a comment only
+    when asked."""
+    base = base_agent_files(run, event)
+    try:
+        code, tail, progress = run.solo(run.inputs.prompt, lambda progress: None)
+    finally:
+        if base:
+            agent_files_from(run.cwd, "HEAD")
     status = run.finish(code, tail, progress)
     if run.inputs.comment and event.number:
-        body = progress.result.get("result") if status == 0 else f"**solo failed**: {failure_reason(progress.result, tail)}"
+        body = no_images(progress.result.get("result") or "") if status == 0 else \
+            f"**solo failed**: {failure_reason(progress.result, tail)}"
         run.github.call("POST", f"/issues/{event.number}/comments",
                         body={"body": run.redact(f"{MARKER}\n{body}\n\n[the run]({run.run_url})")})
     return status
@@ -632,7 +705,7 @@ def tag_work(run: Run, event: Event, tracker: Tracker) -> int:
     status = run.finish(code, tail, progress, pushed)
     head = (f"**solo finished** · {figures(progress.result, time.monotonic() - run.started)}" if status == 0 else
             f"**solo failed**: {failure_reason(progress.result, tail)}")
-    answer = progress.result.get("result") if status == 0 else ""
+    answer = no_images(progress.result.get("result") or "") if status == 0 else ""
     tracker.edit(f"{head} · [the run]({run.run_url})\n\n{answer or ''}\n{note}".rstrip(), force=True)
     return status
 
@@ -640,15 +713,22 @@ def tag_work(run: Run, event: Event, tracker: Tracker) -> int:
 def publish(run: Run, thread: Thread, branch: str, fork: bool, ok: bool, genv: dict) -> tuple[str, str]:
     """Commits and pushes what solo changed (never for a fork's PR); the comment's note and the pushed branch."""
     message = f"solo: changes for #{thread.number}\n\n{thread.kind.capitalize()} #{thread.number}: {thread.title}"
-    if not ok or not commit_changes(run.cwd, message[:2000]):
-        if ok:
-            return "\n---\nNo changes were made.", ""
-        return "", ""
+    committed, left = commit_changes(run.cwd, message[:2000]) if ok else (False, "")
+    note = f"\n---\nNot committed: solo's changes to workflows ({', '.join(left.split())})." if left else ""
+    if not committed:
+        return (note or "\n---\nNo changes were made.") if ok else "", ""
+    shown, pushed = publish_commit(run, thread, branch, fork, genv)
+    return note + shown, pushed
+
+
+def publish_commit(run: Run, thread: Thread, branch: str, fork: bool, genv: dict) -> tuple[str, str]:
+    """The commit shown (a fork's PR) or pushed; the comment's note and the pushed branch."""
     if fork:
         diff = git("diff", "HEAD~1", "HEAD", cwd=run.cwd)
         shown = diff if len(diff) <= SHOWN_DIFF_LIMIT else diff[:SHOWN_DIFF_LIMIT] + "\n[cut]"
+        fence = "`" * max(3, 1 + max(map(len, re.findall(r"`+", shown)), default=0))  # no line of it closes the block
         return ("\n---\nThis pull request comes from a fork, so nothing was pushed. The changes:\n\n"
-                f"```diff\n{shown}\n```"), ""
+                f"{fence}diff\n{shown}\n{fence}"), ""
     git("push", "--quiet", "origin", f"HEAD:refs/heads/{branch}", cwd=run.cwd, env=genv)
     if thread.pr:
         return f"\n---\nPushed to `{branch}`.", branch
