@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pty
 import re
 import select
+import shlex
+import shutil
 import subprocess
+import tempfile
 import termios
 import time
 from collections.abc import Callable
@@ -85,6 +89,15 @@ def run_program(args: list[str], *, cwd: Path, base_url: str, env: dict | None =
     proc = subprocess.run([*wrap, str(PROGRAM), *args], cwd=cwd, env=full_env, stdin=stdin,
                           capture_output=True, text=True, timeout=timeout)
     return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def program_env(cwd: Path, base_url: str, extra: dict | None = None) -> dict:
+    """The environment run() gives the program: its own home, no OPENROUTER_*/SOLO_* of the machine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
+    home = cwd.parent / "home"
+    home.mkdir(exist_ok=True)
+    return {**env, "OPENROUTER_BASE_URL": base_url, "OPENROUTER_API_KEY": "sk-test-secret-123", "HOME": str(home),
+            **(extra or {})}
 
 
 @pytest.fixture
@@ -191,3 +204,84 @@ def screen_of(transcript: str, width: int = 80) -> str:
             column += size
         rows += [[] for _ in range(row + 1 - len(rows))]
     return "\n".join("".join(line).rstrip() for line in rows)
+
+
+# --- A session in tmux ---------------------------------------------------------------------------
+
+
+class Tmux:
+    """A session named "solo" in a tmux server of its own (its socket in a short folder of its own: a socket's path
+    has a limit), read as a screen: what a person sees, after the terminal rewrapped what was drawn; keys and pastes
+    as tmux sends them, a paste bracketed where the program asks for it."""
+
+    SESSION = "solo"
+
+    def __init__(self, server, cwd: Path, *args: str, width: int = 200, height: int = 30):
+        self.folder = Path(tempfile.mkdtemp(prefix="tmux-"))
+        env = program_env(cwd, server.url, {"SOLO_HOME": str(cwd.parent / "solo-home")})
+        self.env = {k: v for k, v in env.items() if k not in ("NO_COLOR", "TMUX", "TMUX_PANE")}  # not the runner's tmux
+        script = self.folder / "run"
+        script.write_text(f"#!/bin/sh\ncd {shlex.quote(str(cwd))} && exec {shlex.quote(str(PROGRAM))} "
+                          + " ".join(map(shlex.quote, args)) + "\n")
+        script.chmod(0o755)
+        self.tmux("new-session", "-d", "-s", self.SESSION, "-x", str(width), "-y", str(height), str(script))
+        self.tmux("set-option", "-g", "remain-on-exit", "on")
+
+    def tmux(self, *args: str) -> str:
+        """A tmux command against this server; what it printed."""
+        return subprocess.run(["tmux", "-S", str(self.folder / "socket"), "-f", "/dev/null", *args], env=self.env,
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+
+    def screen(self, history: bool = False, joined: bool = False) -> list[str]:
+        """The rows on the screen now (and those scrolled off it before them; lines the terminal wrapped joined),
+        trailing spaces cut, empty rows at the bottom left out."""
+        shown = self.tmux("capture-pane", "-p", "-t", self.SESSION, *("-S", "-") * history, *["-J"] * joined)
+        return "\n".join(row.rstrip() for row in shown.split("\n")).rstrip("\n").split("\n")
+
+    def wait(self, condition: Callable[[list[str]], Any], what: str = "", timeout: float = 15) -> list[str]:
+        """The screen once the condition holds for it."""
+        deadline = time.monotonic() + timeout
+        while not condition(rows := self.screen()):
+            assert time.monotonic() < deadline, f"{what or 'it'} never showed; the screen:\n" + "\n".join(rows)
+            time.sleep(0.05)
+        return rows
+
+    def send(self, *keys: str) -> None:
+        """Keys typed, as tmux's send-keys names them (-l: the text as it is)."""
+        self.tmux("send-keys", "-t", self.SESSION, *keys)
+
+    def resize(self, columns: int) -> None:
+        """The window made this many columns wide, as a person drags a terminal's edge."""
+        self.tmux("resize-window", "-t", self.SESSION, "-x", str(columns))
+
+    def paste(self, text: str) -> None:
+        """Paste a text as a terminal does, bracketed if the program turned that on."""
+        (self.folder / "paste").write_text(text)
+        self.tmux("load-buffer", str(self.folder / "paste"))
+        self.tmux("paste-buffer", "-p", "-t", self.SESSION)
+
+    def close(self) -> None:
+        """The server ended (with the session) and its folder removed."""
+        with contextlib.suppress(subprocess.SubprocessError):  # gone already: fine
+            self.tmux("kill-server")
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def tmux(workspace):
+    """Start the program in tmux in the workspace (its arguments, the window's size; `ready`: a screen to wait for
+    first), ended with the test; skipped where tmux is not installed."""
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed")
+    sessions: list[Tmux] = []
+
+    def start(server, *args: str, width: int = 200, height: int = 30,
+              ready: Callable[[list[str]], Any] | None = None) -> Tmux:
+        sessions.append(Tmux(server, workspace, *args, width=width, height=height))
+        if ready:
+            sessions[-1].wait(ready, "the session up and waiting")
+        return sessions[-1]
+
+    yield start
+    for session in sessions:
+        session.close()

@@ -4,23 +4,14 @@ during a turn shown on an input line under the status line (Enter queues it), an
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import shlex
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-import pytest
-
-from tests.conftest import PROGRAM, PROMPT
+from tests.conftest import PROMPT, program_env
 from tests.fake_openrouter import call, last_result, reply
-from tests.test_mcp import program_env
 from tests.test_session import DRAWN_PROMPT, held, user_turns
 
 QUESTION = r"Allow Bash\? \[y/n/a/s\] "
@@ -203,66 +194,6 @@ def test_on_a_dumb_terminal_a_queued_prompt_is_said_on_a_line_of_its_own(serve, 
 # --- Fault 1: the terminal's size followed --------------------------------------------------------
 
 
-class Tmux:
-    """A session in a tmux window of its own (a server of its own on a socket in a folder of its own), read as a
-    screen: what a person sees, after the terminal rewrapped what was drawn."""
-
-    def __init__(self, server, cwd: Path, *args: str, columns: int = 200, lines: int = 30):
-        self.folder = Path(tempfile.mkdtemp(prefix="tmux-"))  # short: a socket's path has a limit
-        env = {**program_env(cwd, server.url), "SOLO_HOME": str(cwd.parent / "solo-home")}
-        script = self.folder / "run"
-        script.write_text(f"#!/bin/sh\ncd {shlex.quote(str(cwd))} && exec {shlex.quote(str(PROGRAM))} "
-                          + " ".join(map(shlex.quote, args)) + "\n")
-        script.chmod(0o755)
-        self.tmux("-f", "/dev/null", "new-session", "-d", "-x", str(columns), "-y", str(lines), str(script), env=env)
-        self.tmux("set-option", "-g", "remain-on-exit", "on")
-
-    def tmux(self, *args: str, env: dict | None = None) -> str:
-        """A tmux command against this server; what it printed."""
-        return subprocess.run(["tmux", "-S", str(self.folder / "socket"), *args], env=env, check=True,
-                              capture_output=True, text=True).stdout
-
-    def screen(self, history: bool = False, joined: bool = False) -> list[str]:
-        """The rows on the screen now (and those scrolled off it before them; lines the terminal wrapped joined),
-        trailing spaces cut."""
-        return [row.rstrip() for row in self.tmux("capture-pane", "-p", *("-S", "-") * history, *["-J"] * joined)
-                .split("\n")]
-
-    def wait(self, condition: Callable[[list[str]], bool], what: str, timeout: float = 15) -> list[str]:
-        """The screen once the condition holds for it."""
-        deadline = time.monotonic() + timeout
-        while not condition(rows := self.screen()):
-            assert time.monotonic() < deadline, f"{what} never showed:\n" + "\n".join(rows)
-            time.sleep(0.05)
-        return rows
-
-    def resize(self, columns: int) -> None:
-        self.tmux("resize-window", "-x", str(columns))
-
-    def send(self, *keys: str) -> None:
-        self.tmux("send-keys", *keys)
-
-    def close(self) -> None:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            self.tmux("kill-server")
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-@pytest.fixture
-def tmux(workspace):
-    if not shutil.which("tmux"):
-        pytest.skip("tmux is not installed")
-    windows = []
-
-    def start(server, *args: str, columns: int = 200) -> Tmux:
-        windows.append(Tmux(server, workspace, *args, columns=columns))
-        return windows[-1]
-
-    yield start
-    for window in windows:
-        window.close()
-
-
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 LONG = "sleep 30; echo a-command-long-enough-to-make-the-status-line-wide"
 
@@ -317,7 +248,7 @@ def test_a_to_do_list_drawn_before_a_resize_is_not_drawn_over_after_it(serve, tm
             "completed", "in_progress", "pending")][step])})]) if step < 2 else reply("all done")
 
     server = serve(model)
-    window = tmux(server, "--yes", columns=120)
+    window = tmux(server, "--yes", width=120)
     window.wait(lambda rows: ">" in rows, "the prompt")
     window.send("-l", "plan")
     window.send("Enter")
@@ -340,7 +271,7 @@ def test_the_picker_is_redrawn_at_the_new_width_when_the_window_is_resized(serve
     for fruit in ("apples", "pears", "plums"):
         assert run(["-p", f"a long question about {fruit} " + "and more " * 12], cwd=workspace, base_url=server.url,
                    env=home).code == 0
-    window = tmux(server, columns=150)
+    window = tmux(server, width=150)
     window.wait(lambda rows: ">" in rows, "the prompt")
     window.send("-l", "/resume")
     window.send("Enter")

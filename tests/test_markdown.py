@@ -3,26 +3,18 @@ indents, tables measured on the screen and aligned, and the unfinished line show
 
 from __future__ import annotations
 
-import contextlib
 import io
 import itertools
-import os
 import random
 import re
-import shutil
-import subprocess
-import tempfile
 import threading
-import time
 import unicodedata
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from app import main as agent
-from tests.conftest import PROGRAM, screen_of
+from tests.conftest import screen_of
 from tests.fake_openrouter import Stream, reply
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")
@@ -297,51 +289,9 @@ def test_streamed_chunks_of_random_sizes_draw_the_same_answer():
 # --- On a real terminal: tmux's screen while the model streams a word at a time ----------------------------------
 
 
-class Tmux:
-    """The program in a tmux pane of its own server (its socket in a short folder of its own), read as shown."""
-
-    def __init__(self, server, workspace: Path, width: int, height: int = 24):
-        self.folder = tempfile.mkdtemp(prefix="solo-tmux-")
-        env = {**{k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TMUX")},
-               "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
-        self.tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-c", str(workspace), str(PROGRAM), env=env)
-
-    def tmux(self, *args: str, env: dict | None = None) -> str:
-        return subprocess.run(["tmux", "-S", os.path.join(self.folder, "socket"), "-f", "/dev/null", *args],
-                              env=env, capture_output=True, text=True, timeout=10, check=True).stdout
-
-    def screen(self) -> list[str]:
-        """The pane's rows as shown, trailing spaces and empty rows at the bottom left out."""
-        return [row.rstrip() for row in self.tmux("capture-pane", "-p").rstrip("\n").split("\n")]
-
-    def wait(self, shown: Callable[[list[str]], Any], timeout: float = 15) -> list[str]:
-        """The screen once `shown` says yes about it."""
-        deadline = time.monotonic() + timeout
-        while not shown(rows := self.screen()):
-            assert time.monotonic() < deadline, "never shown; the screen:\n" + "\n".join(rows)
-            time.sleep(0.05)
-        return rows
-
-    def close(self) -> None:
-        with contextlib.suppress(subprocess.SubprocessError):
-            self.tmux("kill-server")
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-@pytest.fixture
-def tmux(workspace):
-    if not shutil.which("tmux"):
-        pytest.skip("tmux is not installed")
-    panes: list[Tmux] = []
-
-    def start(server, width: int, height: int = 24) -> Tmux:
-        panes.append(Tmux(server, workspace, width, height))
-        panes[-1].wait(lambda rows: rows[-1] == ">")  # the session is up and waiting
-        return panes[-1]
-
-    yield start
-    for pane in panes:
-        pane.close()
+def waiting(rows: list[str]) -> bool:
+    """Whether the session is up and waiting: the prompt on the last row that shows anything."""
+    return rows[-1] == ">"
 
 
 def word_by_word(words: list[str], gates: list[threading.Event]) -> Stream:
@@ -357,8 +307,8 @@ def test_words_show_as_they_stream_and_the_line_is_drawn_formatted_once_complete
                                   "- then a list item that is long enough to wrap under its own text\nDone.")
     gates = [threading.Event() for _ in words]
     server = serve(lambda body: word_by_word(words, gates))
-    pane = tmux(server, 40)
-    pane.tmux("send-keys", "stream it", "Enter")
+    pane = tmux(server, width=40, height=24, ready=waiting)
+    pane.send("stream it", "Enter")
     def shown(rows: list[str], so_far: str) -> bool:
         """The words so far on the rows after the prompt, plain, as they came (** and all, wrapped by the terminal
         anywhere), and the status line on the row under them (the input line under that), neither drawn over the
@@ -388,13 +338,13 @@ def test_a_line_shown_plain_is_drawn_at_the_width_the_terminal_has_when_it_is_co
     words = re.findall(r"\S+\s*", line + "\n| a | 名前 |\n|--|--:|\n| x | 1 |\nend\n")
     gates = [threading.Event() for _ in words]
     server = serve(lambda body: word_by_word(words, gates))
-    pane = tmux(server, 60)
-    pane.tmux("send-keys", "go", "Enter")
+    pane = tmux(server, width=60, height=24, ready=waiting)
+    pane.send("go", "Enter")
     last = len(re.findall(r"\S+\s*", line)) - 1
     for gate in gates[:last - 1]:
         gate.set()
     pane.wait(lambda rows: "".join(words[:last]).replace(" ", "") in "".join(rows).replace(" ", ""))
-    pane.tmux("resize-window", "-x", "54")  # the status line (under 50 columns) still fits on its row
+    pane.resize(54)  # the status line (under 50 columns) still fits on its row
     pane.wait(lambda rows: all(len(row) <= 54 for row in rows))
     for gate in gates[last - 1:]:
         gate.set()
@@ -406,12 +356,12 @@ def test_esc_in_the_middle_of_a_line_keeps_the_words_shown_drawn_and_nothing_sta
     words = ["Here ", "**comes** ", "a ", "line ", "never ", "finished"]
     gates = [threading.Event() for _ in words]
     server = serve(lambda body: word_by_word(words, gates))
-    pane = tmux(server, 40)
-    pane.tmux("send-keys", "stream it", "Enter")
+    pane = tmux(server, width=40, height=24, ready=waiting)
+    pane.send("stream it", "Enter")
     for gate in gates[:3]:
         gate.set()
     pane.wait(lambda rows: "Here **comes** a line" in rows)
-    pane.tmux("send-keys", "Escape")
+    pane.send("Escape")
     rows = pane.wait(lambda rows: rows[-1] == ">" and "solo: cancelled" in rows)
     assert rows[rows.index("> stream it") + 1:] == ["Here comes a line", "solo: cancelled", ">"]
     for gate in gates:
@@ -422,8 +372,8 @@ def test_a_table_of_wide_characters_emoji_and_combining_marks_on_a_real_terminal
     answer = ("| name | 名前 | mark |\n|:--|:--:|--:|\n| e\u0301te\u0301 | 漢字テスト | 👍 |\n| plain | ab | ✅✅ |\n"
               "| x | 日本 | - |\nend")
     server = serve(lambda body: reply(answer))
-    pane = tmux(server, 80)
-    pane.tmux("send-keys", "a table", "Enter")
+    pane = tmux(server, width=80, height=24, ready=waiting)
+    pane.send("a table", "Enter")
     rows = pane.wait(lambda rows: rows[-1] == ">" and "end" in rows)
     assert [unicodedata.normalize("NFC", row) for row in rows[rows.index("> a table") + 1:]] == [
         "name  │    名前    │ mark", "──────┼────────────┼─────", "été   │ 漢字テスト │   👍",

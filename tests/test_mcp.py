@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from app import main as agent
-from tests.conftest import PROGRAM, PROMPT
+from tests.conftest import PROGRAM, PROMPT, program_env
 from tests.fake_openrouter import call, last_result, reply, tool_results, tool_then
 
 SERVER = Path(__file__).resolve().with_name("mcp_server.py")
@@ -63,15 +63,6 @@ def records(path: Path) -> list[dict]:
 
 def methods(path: Path) -> list[str]:
     return [r["message"].get("method") for r in records(path) if r["event"] == "message"]
-
-
-def program_env(cwd: Path, base_url: str, extra: dict | None = None) -> dict:
-    """The environment run() gives the program: its own home, no OPENROUTER_*/SOLO_* of the machine."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENROUTER_", "SOLO_"))}
-    home = cwd.parent / "home"
-    home.mkdir(exist_ok=True)
-    return {**env, "OPENROUTER_BASE_URL": base_url, "OPENROUTER_API_KEY": "sk-test-secret-123", "HOME": str(home),
-            **(extra or {})}
 
 
 def start(args: list[str], cwd: Path, base_url: str, env: dict | None = None) -> subprocess.Popen:

@@ -10,7 +10,6 @@ import pty
 import re
 import subprocess
 import termios
-import time
 
 import pytest
 
@@ -189,72 +188,36 @@ def test_a_prompt_of_several_lines_is_one_history_entry_restored_whole_across_se
     assert term.wait() == 0
 
 
-class Tmux:
-    """A session in a tmux server of its own (its socket in the test's folder): keys and pastes as tmux sends them,
-    bracketed where the program asks for it, and the screen as tmux draws it."""
-
-    def __init__(self, folder, cwd, env):
-        self.base = ["tmux", "-S", str(folder / "tmux.sock"), "-f", "/dev/null"]
-        self.cwd, self.env = cwd, {k: v for k, v in env.items() if k not in ("TMUX", "TMUX_PANE")}
-
-    def tmux(self, *args: str) -> str:
-        return subprocess.run([*self.base, *args], cwd=self.cwd, env=self.env, capture_output=True, text=True,
-                              check=True, timeout=10).stdout
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-t", "solo")
-
-    def wait(self, pattern: str, timeout: float = 15) -> str:
-        """The screen once the pattern shows on it."""
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, screen := self.screen()):
-            assert time.monotonic() < deadline, f"{pattern!r} never showed; screen:\n{screen}"
-            time.sleep(0.05)
-        return screen
-
-    def paste(self, text: str, path) -> None:
-        """Paste a text as a terminal does, bracketed if the program turned that on."""
-        path.write_text(text)
-        self.tmux("load-buffer", str(path))
-        self.tmux("paste-buffer", "-p", "-t", "solo")
+def as_text(rows: list[str]) -> str:
+    """A screen's rows as one text, each row a line as tmux prints it."""
+    return "".join(row + "\n" for row in rows)
 
 
-@pytest.fixture
-def tmux(workspace, tmp_path):
-    """A session started in a tmux server of the test's own, ended with the test."""
-    started = []
-
-    def start(server) -> Tmux:
-        env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k"}
-        started.append(Tmux(tmp_path, workspace, env))
-        started[-1].tmux("new-session", "-d", "-x", "100", "-y", "30", "-s", "solo", str(PROGRAM))
-        return started[-1]
-
-    yield start
-    for one in started:
-        subprocess.run([*one.base, "kill-server"], capture_output=True, timeout=10, check=False)  # gone already: fine
+def shown(term, pattern: str) -> str:
+    """The tmux session's screen as one text, once the pattern shows on it."""
+    return as_text(term.wait(lambda rows: re.search(pattern, as_text(rows)), repr(pattern)))
 
 
-def test_a_paste_of_many_lines_is_one_marker_in_the_line_and_goes_whole_at_enter(serve, tmux, tmp_path):
+def test_a_paste_of_many_lines_is_one_marker_in_the_line_and_goes_whole_at_enter(serve, tmux):
     server = serve(lambda body: reply(f"got {len(user_turns(body)[-1].splitlines())} lines"))
-    term = tmux(server)
-    term.wait(r"(?m)^> ?$")
+    term = tmux(server, width=100, height=30)
+    shown(term, r"(?m)^> ?$")
     pasted = "".join(f"line {i} of the paste\n" for i in range(1, 202))
-    term.paste(pasted, tmp_path / "paste.txt")
-    screen = term.wait(r"(?m)^> \[Pasted text #1 \+201 lines\]$")  # in the line, not echoed line by line
+    term.paste(pasted)
+    screen = shown(term, r"(?m)^> \[Pasted text #1 \+201 lines\]$")  # in the line, not echoed line by line
     assert "line 2 of the paste" not in screen
-    term.tmux("send-keys", "-t", "solo", "-l", " then this")  # still the same line: nothing was sent
-    term.wait(r"(?m)^> \[Pasted text #1 \+201 lines\] then this$")
+    term.send("-l", " then this")  # still the same line: nothing was sent
+    shown(term, r"(?m)^> \[Pasted text #1 \+201 lines\] then this$")
     assert not server.bodies
-    term.tmux("send-keys", "-t", "solo", "Enter")
-    term.wait(r"(?m)^got 202 lines$")
+    term.send("Enter")
+    shown(term, r"(?m)^got 202 lines$")
     assert user_turns(server.bodies[-1]) == [pasted + " then this"]  # the whole text went to the model
-    term.wait(r"(?m)^> ?$")
-    term.paste("short one\nshort two\n", tmp_path / "short.txt")  # a few lines: shown as they are, sent at Enter
-    screen = term.wait(r"(?m)^> short one\nshort two\n")
+    shown(term, r"(?m)^> ?$")
+    term.paste("short one\nshort two\n")  # a few lines: shown as they are, sent at Enter
+    screen = shown(term, r"(?m)^> short one\nshort two\n")
     assert len(server.bodies) == 1 and "Pasted text" not in screen.split("got 202 lines")[1]
-    term.tmux("send-keys", "-t", "solo", "Enter")
-    term.wait(r"(?m)^got 2 lines$")
+    term.send("Enter")
+    shown(term, r"(?m)^got 2 lines$")
     assert user_turns(server.bodies[-1])[-1] == "short one\nshort two"
 
 
