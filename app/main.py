@@ -8786,15 +8786,19 @@ class Keys:
         return True
 
     def suspend(self) -> None:
-        """Ctrl-Z: solo stops as any program does, with the cursor a turn hides shown for the shell; after fg the
-        turn's status line is drawn anew where the shell left the cursor."""
-        hidden = bool(self.thread) and self.display.status
-        with contextlib.suppress(OSError):
-            os.write(self.display.streams.stderr.fileno(), b"\033[?25h" * hidden)
-        ours = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until fg (never, as for any program, in an orphaned group)
-        signal.signal(signal.SIGTSTP, ours)
-        self.display.status = self.display.status and not hidden
+        """Ctrl-Z: solo stops as any program does, with the cursor a turn hides shown for the shell (nothing drawn
+        between the two); after fg the turn's status line is drawn anew where the shell left the cursor."""
+        reading, held = bool(self.thread), self.display.lock.acquire(timeout=0.5)
+        try:
+            with contextlib.suppress(OSError):
+                os.write(self.display.streams.stderr.fileno(), b"\033[?25h" * reading)
+            ours = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until fg (never, as any program, in an orphaned group)
+            signal.signal(signal.SIGTSTP, ours)
+            self.display.status = self.display.status and not reading
+        finally:
+            if held:
+                self.display.lock.release()
 
     @contextlib.contextmanager
     def reading(self, on: bool = True) -> Iterator[None]:
