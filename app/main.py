@@ -9954,6 +9954,14 @@ class LineLink:
                 slot.set()
             self.prompts.put(None)
 
+    def next(self) -> Any:
+        """What is queued next, waited for in short steps: a stop signal that another thread takes (the kernel gives it
+        to one that is forking a command) runs its handler only once the main thread runs Python code again."""
+        import queue
+        while True:
+            with contextlib.suppress(queue.Empty):
+                return self.prompts.get(timeout=0.1)
+
     def garbage(self, line: str, message: Any) -> None:
         """A line that is not a JSON object: said on stderr and skipped."""
         self.notice(f"skipped a line of stdin that is not a JSON object: {one_line(str(line), 80)}")
@@ -10118,7 +10126,7 @@ class SdkRun:
         """The next prompt from stdin, None at its end (an interrupt that came too late to stop a turn is dropped)."""
         while True:
             with contextlib.suppress(KeyboardInterrupt):
-                return self.link.prompts.get()
+                return self.link.next()
 
     def turn(self, messages: Conversation, message: dict) -> None:
         """Answer one prompt: init, the events of the turn, the result (an interrupt ends only the turn)."""
@@ -10294,9 +10302,19 @@ class AcpError(Exception):
 
 
 def async_raise(thread: int, error: type[BaseException] | None) -> None:
-    """Raise an exception in another thread at its next Python step (None takes back one not yet raised)."""
+    """Raise an exception in another thread at its next Python step (None takes back one not yet raised). A thread
+    that is being started bears the id of the thread starting it until it first runs (CPython 3.11), and would take
+    the exception instead, die unstarted and leave its starter waiting for ever: so not while one is in limbo."""
     import ctypes
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(error) if error else None)
+    limbo, lock = getattr(threading, "_limbo", {}), getattr(threading, "_active_limbo_lock", contextlib.nullcontext())
+    deadline = time.monotonic() + 1
+    while True:
+        with lock:  # no thread enters limbo meanwhile
+            if not limbo or time.monotonic() > deadline:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
+                                                           ctypes.py_object(error) if error else None)
+                return
+        time.sleep(0.001)
 
 
 def cut_reply(response: Any) -> None:
@@ -10861,7 +10879,7 @@ class AcpRun:
         """Serve until stdin ends (0) or a stop signal comes (its code); sessions, servers and commands end."""
         self.link.start()
         try:
-            while self.link.prompts.get() is not None:
+            while self.link.next() is not None:
                 pass
             return EXIT_OK
         finally:

@@ -608,3 +608,71 @@ def test_sigterm_ends_every_session_and_what_it_started(serve, workspace):
     assert drive(server, workspace, script, args=("--yes",)) == 143
     assert marker not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert len(list((workspace.parent / "home" / ".solo" / "projects").glob("*/*.jsonl"))) == 1
+
+
+def test_a_cancel_reaches_the_prompts_thread_even_as_it_starts_a_thread(monkeypatch):
+    # CPython 3.11 gives a thread being started its starter's id until it first runs: a cancel's exception raised
+    # then went to the new thread, which died unstarted and left the prompt waiting for ever (SIGTERM then hung)
+    class Cancel(BaseException):
+        pass
+    lost, stop = [], threading.Event()
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: lost.append(unraisable.exc_value))
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # a Cancel that lands outside the loop's try
+
+    def starter():
+        while not stop.is_set():
+            try:
+                newborn = threading.Thread(target=lambda: None)
+                newborn.start()
+                newborn.join()
+            except Cancel:
+                pass
+    thread = threading.Thread(target=starter, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not lost:
+        agent.async_raise(thread.ident, Cancel)
+        time.sleep(0.0005)
+    stop.set()
+    thread.join(5)
+    assert not lost and not thread.is_alive()
+
+
+def test_a_stop_signal_is_handled_while_another_thread_forks():
+    # the kernel gives a signal that comes as a thread forks to that thread (the fork restarts after it), and Python
+    # runs handlers on the main thread only: a main thread asleep in a plain queue wait never saw SIGTERM
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+    link, done = agent.LineLink(None, lambda message: None, lambda text: None), threading.Event()  # nothing queued
+
+    def fork():
+        while not done.is_set():
+            subprocess.Popen(["true"], preexec_fn=lambda: None).wait()  # preexec_fn: a fork of this whole process
+    sender = subprocess.Popen([sys.executable, "-c", "import os, sys, time\nfor line in sys.stdin:\n"
+                               f"    time.sleep(0.002)\n    os.kill({os.getpid()}, {int(signal.SIGUSR2)})"],
+                              stdin=subprocess.PIPE, text=True)
+    previous, late = signal.signal(signal.SIGUSR2, stop), []
+    for _ in range(2):
+        threading.Thread(target=fork, daemon=True).start()
+    try:
+        for _ in range(300):
+            lost = threading.Timer(3, link.prompts.put, ("the signal was lost",))  # fails the test, never hangs it
+            lost.start()
+            sent = time.monotonic()
+            try:
+                sender.stdin.write("go\n")
+                sender.stdin.flush()
+                link.next()
+            except Stop:
+                late += [time.monotonic() - sent] if time.monotonic() - sent > 2 else []
+            finally:
+                lost.cancel()
+    finally:
+        done.set()
+        signal.signal(signal.SIGUSR2, previous)
+        sender.stdin.close()
+        sender.wait()
+    assert not late, f"stop signals handled only after {late} s"
