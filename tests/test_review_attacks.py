@@ -3,6 +3,7 @@ of those that held, as a poisoned repository, a hostile model or a hostile comme
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +21,23 @@ from tests.test_acp import Editor, drive, prompt
 from tests.test_action import comment_event
 from tests.test_git_safety import GIT_ENV, git as user_git
 from tests.test_sandbox import no_namespaces, private_tmp, real  # noqa: F401 (fixtures)
+
+
+@contextlib.contextmanager
+def confined(workspace: Path, private_tmp: Path, extra: dict | None = None, git_write: bool = False):
+    """A ToolContext whose commands run in a workspace-write sandbox over the workspace, with the read-only paths a
+    run makes (and, with git_write, the guard a run with --sandbox-git-write makes), ended after the block."""
+    roots, folder = (Path(real(workspace)), Path(real(private_tmp))), Path(real(workspace))
+    protection = agent.protection((folder,), roots, dict(os.environ), None, *[True] * git_write)
+    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
+                                    pinned=protection.pinned)
+    guard = agent.Guard((folder,), True, True, protection.hooks, agent.GIT_REDIRECTS) if git_write else None
+    try:
+        yield agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp),
+                                                    **(extra or {})}, sandbox=sandbox, guard=guard)
+    finally:
+        sandbox.spawner.shutdown()
+        protection.remove()
 
 
 def test_acp_a_projects_command_grants_nothing_after_the_first_prompt(serve, workspace):
@@ -170,17 +188,8 @@ def test_git_runs_nothing_the_model_wrote_through_an_included_config_or_a_pager(
     user_git(workspace, "init", "-q")
     user_git(workspace, "commit", "-q", "--allow-empty", "-m", "first")
     user_git(workspace, *setup)
-    roots, folder = (Path(real(workspace)), Path(real(private_tmp))), Path(real(workspace))
-    protection = agent.protection((folder,), roots, dict(os.environ), None)
-    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
-                                    pinned=protection.pinned)
-    ctx = agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp)},
-                            sandbox=sandbox)
-    try:
+    with confined(workspace, private_tmp) as ctx:
         result = agent.tool_bash(ctx, attack.format(proof=proof))
-    finally:
-        sandbox.spawner.shutdown()
-        protection.remove()
     user_git(workspace, "checkout", "-q", "-b", "release")  # the user's own git, unconfined, later
     user_git(workspace, "status", check=False)  # in a terminal, with a pager too
     subprocess.run(["script", "-qec", "git log", "/dev/null"], cwd=workspace, capture_output=True, timeout=30,
@@ -221,20 +230,10 @@ def test_with_git_write_commands_cannot_send_git_to_another_config(workspace, pr
     user_git(workspace, "init", "-q")
     user_git(workspace, "commit", "-q", "--allow-empty", "-m", "first")
     user_git(workspace, "config", "extensions.worktreeConfig", "true")
-    roots, folder = (Path(real(workspace)), Path(real(private_tmp))), Path(real(workspace))
-    protection = agent.protection((folder,), roots, dict(os.environ), None, True)
-    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
-                                    pinned=protection.pinned)
-    guard = agent.Guard((folder,), True, True, protection.hooks, agent.GIT_REDIRECTS)  # as the run makes it
-    ctx = agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp),
-                                                **GIT_ENV}, sandbox=sandbox, guard=guard)
-    try:
+    with confined(workspace, private_tmp, GIT_ENV, git_write=True) as ctx:  # the guard as the run makes it
         result = agent.tool_bash(ctx, attack.format(proof=proof))
         assert "(removed)" in result or "(restored)" in result, result
         assert agent.tool_bash(ctx, "git commit -q --allow-empty -m two && echo ok") == "ok\n[exit code 0]"
-    finally:
-        sandbox.spawner.shutdown()
-        protection.remove()
     user_git(workspace, "status", check=False)
     assert not proof.exists(), result
 
@@ -383,20 +382,11 @@ def test_a_submodules_git_file_cannot_be_pointed_at_a_repository_the_model_made(
     user_git(workspace, "init", "-q")
     user_git(workspace, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
     user_git(workspace, "commit", "-qm", "with lib")
-    roots, folder = (Path(real(workspace)), Path(real(private_tmp))), Path(real(workspace))
-    protection = agent.protection((folder,), roots, dict(os.environ), None)
-    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
-                                    pinned=protection.pinned)
-    ctx = agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp),
-                                                **GIT_ENV}, sandbox=sandbox)
     attack = (f"git init -q evil && git -C evil config core.fsmonitor 'touch {proof}' && "
               f"git -C evil commit -q --allow-empty -m e && echo \"gitdir: $PWD/evil/.git\" > lib/.git")
-    try:
+    with confined(workspace, private_tmp, GIT_ENV) as ctx:
         result = agent.tool_bash(ctx, attack)
         assert agent.tool_bash(ctx, "git status --short").endswith("?? evil/\n[exit code 0]")  # still reads
-    finally:
-        sandbox.spawner.shutdown()
-        protection.remove()
     user_git(workspace, "status", check=False)
     assert not proof.exists(), result
     assert "Read-only file system" in result, result
@@ -429,17 +419,8 @@ def test_a_hook_git_reaches_through_a_symlink_is_read_only_too(workspace, privat
         shutil.rmtree(workspace / ".git" / "hooks")
     (workspace / name).symlink_to(target)
     user_git(workspace, "add", "app")
-    roots, folder = (Path(real(workspace)), Path(real(private_tmp))), Path(real(workspace))
-    protection = agent.protection((folder,), roots, dict(os.environ), None)
-    sandbox, _ = agent.make_sandbox("workspace-write", roots, False, read_only=protection.paths,
-                                    pinned=protection.pinned)
-    ctx = agent.ToolContext(cwd=workspace, env={**agent.command_env(dict(os.environ)), "TMPDIR": str(private_tmp)},
-                            sandbox=sandbox)
-    try:
+    with confined(workspace, private_tmp) as ctx:
         result = agent.tool_bash(ctx, f"printf '#!/bin/sh\\ntouch {proof}\\n' > {script}/pre-commit")
-    finally:
-        sandbox.spawner.shutdown()
-        protection.remove()
     user_git(workspace, "commit", "-qm", "the user's commit", check=False)
     assert not proof.exists(), result
     assert "Read-only file system" in result, result
