@@ -8327,8 +8327,9 @@ class Markdown:
         if not self.partial:
             return "\n".join(self.shown)
         rows = max(1, self.height - 2 - sum(rows_of(shown, self.width) for shown in self.shown))
-        frame, text = (paint("│", "grey") + " ") * bool(self.fence), self.partial.expandtabs()
-        if len(text) > rows * self.width or rows_of(frame + text, self.width) > rows:  # a character takes a column
+        frame, text = (paint("│", "grey") + " ") * bool(self.fence), self.partial[-rows * self.width * 2:].expandtabs()
+        cut, text = len(text) > rows * self.width, text[-rows * self.width:]  # only the end can show: measured alone
+        if cut or rows_of(frame + text, self.width) > rows:  # a character takes a column (or none)
             budget = max(1, rows * (self.width - 1) - 3)  # a column a row left for a wide character that wraps early
             start, column = (len(text) - budget, budget) if narrow(text) else (len(text), 0)
             while start > 0 and column + width_of(text[start - 1]) <= budget:
