@@ -9015,8 +9015,8 @@ class History:
         several = "\n" in prompt or "\r" in prompt or prompt.startswith(HISTORY_MARK)
         with contextlib.suppress(OSError):
             if self.path:
-                with open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC), "a", encoding="utf-8",
-                          errors="replace") as file:
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW  # not through a symlink put there
+                with open(os.open(self.path, flags), "a", encoding="utf-8", errors="replace") as file:
                     file.write((HISTORY_MARK + json.dumps(prompt, ensure_ascii=False) if several else prompt) + "\n")
 
 
@@ -9107,7 +9107,9 @@ class LineEditor:
         if folder and agent.cfg.persist:
             with contextlib.suppress(OSError):
                 private_folder(folder)
-                os.close(os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+                fd = os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+                os.fchmod(fd, 0o600)  # one found wider (or a symlink: refused above) is not written as it is
+                os.close(fd)
                 self.history = History(folder / "history")
         self.history.load()
 

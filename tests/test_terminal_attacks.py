@@ -1,6 +1,10 @@
 """Attacks on the session's terminal (issue 33) that once succeeded, each kept as the test that shows it fixed."""
 
+import os
+from pathlib import Path
+
 from app import main as agent
+from tests.fake_openrouter import reply
 
 
 def test_streamed_line_of_wide_characters_is_measured_by_its_end_only(monkeypatch):
@@ -15,3 +19,31 @@ def test_streamed_line_of_wide_characters_is_measured_by_its_end_only(monkeypatc
             shown = markdown.unfinished()
         assert shown.startswith("…") and agent.rows_of(shown, 80) <= 22
         assert sum(calls) < 100 * 5000  # was about 100 * 50,000: every character measured at every piece
+
+
+def test_history_file_is_never_written_through_a_symlink_nor_left_readable(serve, terminal, workspace, tmp_path):
+    """A history file found as a symlink (to a file the user did not mean) is not written through; one found readable
+    by others is made 0600 again before a prompt goes in it."""
+    server = serve(lambda body: reply("ok"))
+    term = terminal(server)
+    term.ask("first", "ok")
+    term.send("\x04")
+    assert term.wait() == 0
+    history = next((Path(os.environ["HOME"]) / ".solo" / "projects").glob("*/history"))
+    target = tmp_path / "target"
+    target.write_text("mine\n")
+    history.unlink()
+    history.symlink_to(target)
+    term = terminal(server)
+    term.ask("secret one", "ok")
+    term.send("\x04")
+    assert term.wait() == 0
+    assert target.read_text() == "mine\n"
+    history.unlink()
+    history.write_text("first\n")
+    history.chmod(0o644)
+    term = terminal(server)
+    term.ask("secret two", "ok")
+    term.send("\x04")
+    assert term.wait() == 0
+    assert history.stat().st_mode & 0o777 == 0o600 and "secret two" in history.read_text()
