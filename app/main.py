@@ -9254,6 +9254,10 @@ class LineEditor:
                 except KeyboardInterrupt:
                     self.answered("^C")
                     raise
+                if sum(key.isprintable() for key in keys) > 1:  # a paste ("all good" is not "a"): asked again
+                    self.answered(f"{one_line(visible(''.join(keys)), 24)}: pasted, not an answer")
+                    question = again
+                    continue
                 for key in keys:  # what comes after the answer (the Enter of a habit) is dropped
                     if key.lower() in words or key in ("\x1b", "\x04"):
                         answer = key.lower() if key.lower() in words else escape if key == "\x1b" else ""

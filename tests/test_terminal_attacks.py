@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 from app import main as agent
+from tests.conftest import PROMPT
 from tests.fake_openrouter import reply
 
 
@@ -47,3 +48,23 @@ def test_history_file_is_never_written_through_a_symlink_nor_left_readable(serve
     term.send("\x04")
     assert term.wait() == 0
     assert history.stat().st_mode & 0o777 == 0o600 and "secret two" in history.read_text()
+
+
+def test_text_pasted_at_a_question_does_not_answer_it_by_its_first_letter(serve, terminal, workspace):
+    """A careless user pastes "all good" while solo asks about a command: its "a" was "always", and the command ran
+    (and would run again without asking); a paste is not an answer, the question is asked again."""
+    from tests.test_keys import QUESTION, asks
+    server = serve(asks("touch made"))
+    term = terminal(server)
+    term.send("go\r")
+    term.expect(QUESTION)
+    term.send("all good, go ahead")  # one paste: many keys at once
+    term.expect("not an answer")
+    term.expect("Please answer y")  # asked again
+    assert not (workspace / "made").exists()
+    term.send("n")
+    term.expect("result of go: ")
+    term.expect(PROMPT)
+    assert not (workspace / "made").exists()
+    term.send("\x04")
+    assert term.wait() == 0
