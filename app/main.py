@@ -8994,8 +8994,8 @@ class History:
         readline.clear_history()
         with contextlib.suppress(OSError):
             for line in self.path.read_text(encoding="utf-8", errors="replace").split("\n") if self.path else ():
-                if line:
-                    readline.add_history(self.decoded(line))
+                with contextlib.suppress(ValueError):  # one with a NUL byte (readline's C strings cannot) is left out
+                    readline.add_history(self.decoded(line)) if line else None
 
     @staticmethod
     def decoded(line: str) -> str:
@@ -9011,7 +9011,8 @@ class History:
         last = readline.get_current_history_length()
         if not prompt.strip() or (last and readline.get_history_item(last) == prompt):
             return
-        readline.add_history(prompt)
+        with contextlib.suppress(ValueError):  # a NUL pasted: kept in the file only
+            readline.add_history(prompt)
         several = "\n" in prompt or "\r" in prompt or prompt.startswith(HISTORY_MARK)
         with contextlib.suppress(OSError):
             if self.path:

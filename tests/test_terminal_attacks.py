@@ -68,3 +68,23 @@ def test_text_pasted_at_a_question_does_not_answer_it_by_its_first_letter(serve,
     assert not (workspace / "made").exists()
     term.send("\x04")
     assert term.wait() == 0
+
+
+def test_a_history_file_with_a_nul_byte_or_bad_lines_does_not_stop_the_session(serve, terminal, workspace):
+    """A history file corrupted (or planted): a NUL byte, invalid JSON after the mark, a 2 MB entry, bytes that are
+    not UTF-8. The session started with "internal error: ValueError: embedded null character"; now the bad entries
+    are left out or taken as they are, and the arrows recall the good ones."""
+    server = serve(lambda body: reply(f"answer to {body['messages'][-1]['content']}"))
+    term = terminal(server)
+    term.ask("first", "answer to first")
+    term.send("\x04")
+    assert term.wait() == 0
+    history = next((Path(os.environ["HOME"]) / ".solo" / "projects").glob("*/history"))
+    history.write_bytes(b"good one\n\x1e{bad json\n\x1e\"" + b"z" * 2_000_000 + b"\"\n\xff\xfe\x00binary\n"
+                        b"\x1e\"nul\\u0000inside\"\nlast good\n")
+    term = terminal(server)
+    term.send("\x1b[A\r")  # the latest entry
+    term.expect("answer to last good")
+    term.expect(PROMPT)
+    term.send("\x04")
+    assert term.wait() == 0
