@@ -8833,6 +8833,9 @@ class Keys:
                 signal.pthread_kill(main, signal.SIGINT)
             if "\x0f" in keys:
                 self.lend()
+            if sum(key.isprintable() for key in keys) > 1:  # a paste: Enters between its lines break them
+                first = next(i for i, key in enumerate(keys) if key.isprintable())
+                keys = ["\v" if first < i < len(keys) - 1 and key in "\r\n" else key for i, key in enumerate(keys)]
             for key in keys:
                 self.type(key)
             self.tell()
@@ -8846,7 +8849,7 @@ class Keys:
             self.kept += "\n"
             self.unsaid += [] if self.display.status else [line]
             return
-        typed = line + key if key.isprintable() else line
+        typed = line + key if key.isprintable() or key == "\v" else line  # \v: a line break in the prompt
         self.kept = queued + end + (line[:-1] if key in ("\x7f", "\b") else "" if key == "\x15" else typed)
 
     def tell(self) -> None:
@@ -8855,7 +8858,8 @@ class Keys:
         if self.unsaid and self.display.lock.acquire(blocking=False):
             try:
                 for line in self.unsaid:
-                    self.display.put(self.display.paint(f"queued: {visible(line)}", "grey") + "\n")
+                    shown = visible(line.replace("\v", "⏎"))  # a paste's line breaks
+                    self.display.put(self.display.paint(f"queued: {shown}", "grey") + "\n")
                 self.unsaid = []
             finally:
                 self.display.lock.release()
@@ -8863,7 +8867,7 @@ class Keys:
     def input_rows(self, width: int) -> list[str]:
         """The rows under the status line at a width: the prompts queued (the last few) and the line being typed, its
         end shown where it is longer than the row."""
-        *queued, line = self.kept.split("\n")
+        *queued, line = self.kept.replace("\v", "⏎").split("\n")
         rows = [f"queued: {fit(visible(text), width - 9)}" for text in queued[-3:]]
         rows = [f"… +{len(queued) - 3} queued"] * (len(queued) > 3) + rows
         shown = fit(visible(line)[::-1], width - 4)[::-1]
@@ -9192,10 +9196,11 @@ class LineEditor:
         kept, self.keys.kept = self.keys.kept, ""
         if "\n" in kept:  # a line typed during the turn, Enter and all: the next prompt
             line, _, self.keys.kept = kept.partition("\n")
+            line = line.replace("\v", "\n")  # a paste's line breaks
             self.streams.stderr.write(f"> {line}\n")
             self.history.add(line.strip())
             return line.strip()
-        self.prefill = self.prefill or kept
+        self.prefill = self.prefill or kept.replace("\v", "\n")
         idle = self.idle_notice()
         try:
             lines = [self.read_line("> ")]

@@ -88,3 +88,30 @@ def test_a_history_file_with_a_nul_byte_or_bad_lines_does_not_stop_the_session(s
     term.expect(PROMPT)
     term.send("\x04")
     assert term.wait() == 0
+
+
+def test_lines_pasted_during_a_turn_are_one_queued_prompt_not_one_a_line(serve, terminal, workspace):
+    """Three lines pasted while a turn runs (the terminal sends each line's end as Enter) became three prompts, each
+    a turn of its own; now a paste is one prompt, its lines kept."""
+    import threading
+
+    from tests.test_session import held, user_turns
+    release = threading.Event()
+
+    def model(body):
+        if user_turns(body)[-1] == "go":
+            return held("first ", "end", release)
+        return reply("answer to " + user_turns(body)[-1].replace("\n", "|"))
+
+    server = serve(model)
+    term = terminal(server, term="xterm")
+    term.send("go\r")
+    term.expect("first")
+    term.send("line one\rline two\rline three\r")  # one paste
+    term.expect("line one⏎line two⏎line three")  # queued, shown on the input line
+    release.set()
+    term.expect(r"answer to line one\|line two\|line three")
+    term.expect(r"\x1b\[K> ")
+    assert [user_turns(body)[-1] for body in server.bodies] == ["go", "line one\nline two\nline three"]
+    term.send("\x04")
+    assert term.wait() == 0
