@@ -9282,24 +9282,30 @@ class LineEditor:
         """The keys typed at a question, taken one by one (cbreak), drawn with its legend: under it where the terminal
         can redraw, after it elsewhere."""
         import termios
-        fd, out, decoder = self.keys.fd, self.streams.stderr, codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        fd, decoder = self.keys.fd, codecs.getincrementaldecoder("utf-8")(errors="ignore")
         self.streams.stdout.flush()
         saved = termios.tcgetattr(fd)
         termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))  # before the question shows: no key typed is echoed
         try:
-            if self.display.fancy:  # rows made below first, so the saved place does not scroll away
-                rows = rows_of(question, self.display.measure())
-                out.write(f"{chr(10) * rows}\033[{rows}A\r{question}\0337\n{self.display.paint(legend, 'grey')}\0338")
-            else:
-                out.write(f"{question}({legend}) ")
-            out.flush()
+            self.draw_question(question, legend)
             while not select.select([fd], [], [], 0.1)[0]:
-                recbreak(fd, saved)  # after Ctrl-Z and fg: keys one by one again
+                if recbreak(fd, saved):  # after Ctrl-Z and fg: keys one by one again, the question shown again
+                    self.draw_question(question, legend)
             return read_keys(fd, decoder)
         except (OSError, EOFError):
             return ["\x04"]  # the terminal is gone: no
         finally:
             termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+    def draw_question(self, question: str, legend: str) -> None:
+        """A question drawn with its legend: under it where the terminal can redraw, after it elsewhere."""
+        out = self.streams.stderr
+        if self.display.fancy:  # rows made below first, so the saved place does not scroll away
+            rows = rows_of(question, self.display.measure())
+            out.write(f"{chr(10) * rows}\033[{rows}A\r{question}\0337\n{self.display.paint(legend, 'grey')}\0338")
+        else:
+            out.write(f"{question}({legend}) ")
+        out.flush()
 
     def answered(self, text: str) -> None:
         """The answer to a question echoed after it; its legend taken off the screen."""

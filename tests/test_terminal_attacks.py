@@ -115,3 +115,37 @@ def test_lines_pasted_during_a_turn_are_one_queued_prompt_not_one_a_line(serve, 
     assert [user_turns(body)[-1] for body in server.bodies] == ["go", "line one\nline two\nline three"]
     term.send("\x04")
     assert term.wait() == 0
+
+
+def test_after_ctrl_z_and_fg_at_a_question_the_question_is_shown_again(serve, workspace):
+    """Ctrl-Z at a question, then fg: solo waited for a key under the shell's "fg" line with no question on the
+    screen (a user would not know a key answers something); now the question and its legend are drawn again."""
+    from tests.conftest import PROGRAM
+    from tests.test_keys import QUESTION, asks
+    from tests.test_prompt_line import Shell
+    env = {**os.environ, "OPENROUTER_BASE_URL": serve(asks("touch made")).url, "OPENROUTER_API_KEY": "k",
+           "TERM": "xterm"}
+    sh = Shell(workspace, env)
+    try:
+        sh.send(f"{PROGRAM}\r")
+        sh.expect(r"\n> ")
+        sh.send("go\r")
+        sh.expect(QUESTION)
+        sh.expect("Esc no")
+        sh.send("\x1a")
+        sh.expect(r"Stopped.*\n(?:\x1b\[\?2004h)?\$ ")
+        sh.send("fg\r")
+        sh.expect(r"fg\r\n.*your_program\.sh.*\r\n")
+        sh.expect(QUESTION + r"(?s:.*)y yes · n no")  # asked again, before any key
+        sh.send("y")
+        sh.expect("result of go")
+        assert (workspace / "made").exists()
+        sh.expect(r"\n> |\x1b\[K> ")
+        sh.send("\x04")
+        sh.expect(r"\$ ")
+        sh.send("exit\r")
+        assert sh.wait() == 0
+    finally:
+        if sh.proc.poll() is None:
+            sh.proc.kill()
+            sh.proc.wait()
