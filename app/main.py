@@ -8999,7 +8999,8 @@ class History:
         with contextlib.suppress(OSError):
             for line in self.path.read_text(encoding="utf-8", errors="replace").split("\n") if self.path else ():
                 with contextlib.suppress(ValueError):  # one with a NUL byte (readline's C strings cannot) is left out
-                    readline.add_history(self.decoded(line)) if line else None
+                    readline.add_history(re.sub("[\x80-\x9f]", "", self.decoded(line))) if line else None  # C1:
+                    # readline draws these as they are, and a terminal may take one for a control (\x9b is CSI)
 
     @staticmethod
     def decoded(line: str) -> str:

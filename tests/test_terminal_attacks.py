@@ -149,3 +149,23 @@ def test_after_ctrl_z_and_fg_at_a_question_the_question_is_shown_again(serve, wo
         if sh.proc.poll() is None:
             sh.proc.kill()
             sh.proc.wait()
+
+
+def test_a_history_entry_with_c1_controls_is_not_drawn_raw_when_recalled(serve, terminal, workspace):
+    """A planted history entry holding C1 controls (U+009B is CSI to a terminal that takes 8-bit controls) was drawn
+    as it was by readline when recalled with the up arrow (C0 ones it shows as ^[); now they are left out."""
+    server = serve(lambda body: reply(f"answer to {body['messages'][-1]['content']}"))
+    term = terminal(server)
+    term.ask("first", "answer to first")
+    term.send("\x04")
+    assert term.wait() == 0
+    history = next((Path(os.environ["HOME"]) / ".solo" / "projects").glob("*/history"))
+    history.write_text('\x1e"wiped\\u009b2J\\u009d0;title\\u009c now"\n', encoding="utf-8")
+    term = terminal(server, term="xterm")
+    term.send("\x1b[A")
+    term.expect("now")
+    term.send("\r")
+    term.expect("answer to wiped2J0;title now")
+    assert not any("\x80" <= ch <= "\x9f" for ch in term.transcript)
+    term.send("\x04")
+    assert term.wait() == 0
