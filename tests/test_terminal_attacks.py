@@ -167,5 +167,6 @@ def test_a_history_entry_with_c1_controls_is_not_drawn_raw_when_recalled(serve, 
     term.send("\r")
     term.expect("answer to wiped2J0;title now")
     assert not any("\x80" <= ch <= "\x9f" for ch in term.transcript)
+    term.expect(r"\x1b\[K> ")
     term.send("\x04")
     assert term.wait() == 0
