@@ -8833,6 +8833,7 @@ class Keys:
                 signal.pthread_kill(main, signal.SIGINT)
             if "\x0f" in keys:
                 self.lend()
+            keys = [key for key in keys if key != "\v"]  # Ctrl-K typed: nothing (\v is a paste's line break)
             if sum(key.isprintable() for key in keys) > 1:  # a paste: Enters between its lines break them
                 first = next(i for i, key in enumerate(keys) if key.isprintable())
                 keys = ["\v" if first < i < len(keys) - 1 and key in "\r\n" else key for i, key in enumerate(keys)]

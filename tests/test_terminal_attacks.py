@@ -107,8 +107,9 @@ def test_lines_pasted_during_a_turn_are_one_queued_prompt_not_one_a_line(serve, 
     term = terminal(server, term="xterm")
     term.send("go\r")
     term.expect("first")
+    term.send("\x0b")  # Ctrl-K typed alone is no line break
     term.send("line one\rline two\rline three\r")  # one paste
-    term.expect("line one⏎line two⏎line three")  # queued, shown on the input line
+    term.expect("queued: line one⏎line two⏎line three")  # queued, shown under the status line
     release.set()
     term.expect(r"answer to line one\|line two\|line three")
     term.expect(r"\x1b\[K> ")
