@@ -8327,8 +8327,9 @@ class Markdown:
         if not self.partial:
             return "\n".join(self.shown)
         rows = max(1, self.height - 2 - sum(rows_of(shown, self.width) for shown in self.shown))
-        frame, text = (paint("│", "grey") + " ") * bool(self.fence), self.partial.expandtabs()
-        if len(text) > rows * self.width or rows_of(frame + text, self.width) > rows:  # a character takes a column
+        frame, text = (paint("│", "grey") + " ") * bool(self.fence), self.partial[-rows * self.width * 2:].expandtabs()
+        cut, text = len(text) > rows * self.width, text[-rows * self.width:]  # only the end can show: measured alone
+        if cut or rows_of(frame + text, self.width) > rows:  # a character takes a column (or none)
             budget = max(1, rows * (self.width - 1) - 3)  # a column a row left for a wide character that wraps early
             start, column = (len(text) - budget, budget) if narrow(text) else (len(text), 0)
             while start > 0 and column + width_of(text[start - 1]) <= budget:
@@ -8832,6 +8833,10 @@ class Keys:
                 signal.pthread_kill(main, signal.SIGINT)
             if "\x0f" in keys:
                 self.lend()
+            keys = [key for key in keys if key != "\v"]  # Ctrl-K typed: nothing (\v is a paste's line break)
+            if sum(key.isprintable() for key in keys) > 1:  # a paste: Enters between its lines break them
+                first = next(i for i, key in enumerate(keys) if key.isprintable())
+                keys = ["\v" if first < i < len(keys) - 1 and key in "\r\n" else key for i, key in enumerate(keys)]
             for key in keys:
                 self.type(key)
             self.tell()
@@ -8845,7 +8850,7 @@ class Keys:
             self.kept += "\n"
             self.unsaid += [] if self.display.status else [line]
             return
-        typed = line + key if key.isprintable() else line
+        typed = line + key if key.isprintable() or key == "\v" else line  # \v: a line break in the prompt
         self.kept = queued + end + (line[:-1] if key in ("\x7f", "\b") else "" if key == "\x15" else typed)
 
     def tell(self) -> None:
@@ -8854,7 +8859,8 @@ class Keys:
         if self.unsaid and self.display.lock.acquire(blocking=False):
             try:
                 for line in self.unsaid:
-                    self.display.put(self.display.paint(f"queued: {visible(line)}", "grey") + "\n")
+                    shown = visible(line.replace("\v", "⏎"))  # a paste's line breaks
+                    self.display.put(self.display.paint(f"queued: {shown}", "grey") + "\n")
                 self.unsaid = []
             finally:
                 self.display.lock.release()
@@ -8862,7 +8868,7 @@ class Keys:
     def input_rows(self, width: int) -> list[str]:
         """The rows under the status line at a width: the prompts queued (the last few) and the line being typed, its
         end shown where it is longer than the row."""
-        *queued, line = self.kept.split("\n")
+        *queued, line = self.kept.replace("\v", "⏎").split("\n")
         rows = [f"queued: {fit(visible(text), width - 9)}" for text in queued[-3:]]
         rows = [f"… +{len(queued) - 3} queued"] * (len(queued) > 3) + rows
         shown = fit(visible(line)[::-1], width - 4)[::-1]
@@ -8993,8 +8999,9 @@ class History:
         readline.clear_history()
         with contextlib.suppress(OSError):
             for line in self.path.read_text(encoding="utf-8", errors="replace").split("\n") if self.path else ():
-                if line:
-                    readline.add_history(self.decoded(line))
+                with contextlib.suppress(ValueError):  # one with a NUL byte (readline's C strings cannot) is left out
+                    readline.add_history(re.sub("[\x80-\x9f]", "", self.decoded(line))) if line else None  # C1:
+                    # readline draws these as they are, and a terminal may take one for a control (\x9b is CSI)
 
     @staticmethod
     def decoded(line: str) -> str:
@@ -9010,12 +9017,13 @@ class History:
         last = readline.get_current_history_length()
         if not prompt.strip() or (last and readline.get_history_item(last) == prompt):
             return
-        readline.add_history(prompt)
+        with contextlib.suppress(ValueError):  # a NUL pasted: kept in the file only
+            readline.add_history(prompt)
         several = "\n" in prompt or "\r" in prompt or prompt.startswith(HISTORY_MARK)
         with contextlib.suppress(OSError):
             if self.path:
-                with open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC), "a", encoding="utf-8",
-                          errors="replace") as file:
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW  # not through a symlink put there
+                with open(os.open(self.path, flags), "a", encoding="utf-8", errors="replace") as file:
                     file.write((HISTORY_MARK + json.dumps(prompt, ensure_ascii=False) if several else prompt) + "\n")
 
 
@@ -9106,7 +9114,9 @@ class LineEditor:
         if folder and agent.cfg.persist:
             with contextlib.suppress(OSError):
                 private_folder(folder)
-                os.close(os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+                fd = os.open(folder / "history", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+                os.fchmod(fd, 0o600)  # one found wider (or a symlink: refused above) is not written as it is
+                os.close(fd)
                 self.history = History(folder / "history")
         self.history.load()
 
@@ -9188,10 +9198,11 @@ class LineEditor:
         kept, self.keys.kept = self.keys.kept, ""
         if "\n" in kept:  # a line typed during the turn, Enter and all: the next prompt
             line, _, self.keys.kept = kept.partition("\n")
+            line = line.replace("\v", "\n")  # a paste's line breaks
             self.streams.stderr.write(f"> {line}\n")
             self.history.add(line.strip())
             return line.strip()
-        self.prefill = self.prefill or kept
+        self.prefill = self.prefill or kept.replace("\v", "\n")
         idle = self.idle_notice()
         try:
             lines = [self.read_line("> ")]
@@ -9251,6 +9262,10 @@ class LineEditor:
                 except KeyboardInterrupt:
                     self.answered("^C")
                     raise
+                if sum(key.isprintable() for key in keys) > 1:  # a paste ("all good" is not "a"): asked again
+                    self.answered(f"{one_line(visible(''.join(keys)), 24)}: pasted, not an answer")
+                    question = again
+                    continue
                 for key in keys:  # what comes after the answer (the Enter of a habit) is dropped
                     if key.lower() in words or key in ("\x1b", "\x04"):
                         answer = key.lower() if key.lower() in words else escape if key == "\x1b" else ""
@@ -9269,24 +9284,30 @@ class LineEditor:
         """The keys typed at a question, taken one by one (cbreak), drawn with its legend: under it where the terminal
         can redraw, after it elsewhere."""
         import termios
-        fd, out, decoder = self.keys.fd, self.streams.stderr, codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        fd, decoder = self.keys.fd, codecs.getincrementaldecoder("utf-8")(errors="ignore")
         self.streams.stdout.flush()
         saved = termios.tcgetattr(fd)
         termios.tcsetattr(fd, termios.TCSANOW, cbreak(saved))  # before the question shows: no key typed is echoed
         try:
-            if self.display.fancy:  # rows made below first, so the saved place does not scroll away
-                rows = rows_of(question, self.display.measure())
-                out.write(f"{chr(10) * rows}\033[{rows}A\r{question}\0337\n{self.display.paint(legend, 'grey')}\0338")
-            else:
-                out.write(f"{question}({legend}) ")
-            out.flush()
+            self.draw_question(question, legend)
             while not select.select([fd], [], [], 0.1)[0]:
-                recbreak(fd, saved)  # after Ctrl-Z and fg: keys one by one again
+                if recbreak(fd, saved):  # after Ctrl-Z and fg: keys one by one again, the question shown again
+                    self.draw_question(question, legend)
             return read_keys(fd, decoder)
         except (OSError, EOFError):
             return ["\x04"]  # the terminal is gone: no
         finally:
             termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+    def draw_question(self, question: str, legend: str) -> None:
+        """A question drawn with its legend: under it where the terminal can redraw, after it elsewhere."""
+        out = self.streams.stderr
+        if self.display.fancy:  # rows made below first, so the saved place does not scroll away
+            rows = rows_of(question, self.display.measure())
+            out.write(f"{chr(10) * rows}\033[{rows}A\r{question}\0337\n{self.display.paint(legend, 'grey')}\0338")
+        else:
+            out.write(f"{question}({legend}) ")
+        out.flush()
 
     def answered(self, text: str) -> None:
         """The answer to a question echoed after it; its legend taken off the screen."""
