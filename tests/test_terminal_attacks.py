@@ -70,16 +70,21 @@ def test_text_pasted_at_a_question_does_not_answer_it_by_its_first_letter(serve,
     assert term.wait() == 0
 
 
+def first_history(server, terminal) -> Path:
+    """The project's history file, made by a first session of one prompt."""
+    term = terminal(server)
+    term.ask("first", "answer to first")
+    term.send("\x04")
+    assert term.wait() == 0
+    return next((Path(os.environ["HOME"]) / ".solo" / "projects").glob("*/history"))
+
+
 def test_a_history_file_with_a_nul_byte_or_bad_lines_does_not_stop_the_session(serve, terminal, workspace):
     """A history file corrupted (or planted): a NUL byte, invalid JSON after the mark, a 2 MB entry, bytes that are
     not UTF-8. The session started with "internal error: ValueError: embedded null character"; now the bad entries
     are left out or taken as they are, and the arrows recall the good ones."""
     server = serve(lambda body: reply(f"answer to {body['messages'][-1]['content']}"))
-    term = terminal(server)
-    term.ask("first", "answer to first")
-    term.send("\x04")
-    assert term.wait() == 0
-    history = next((Path(os.environ["HOME"]) / ".solo" / "projects").glob("*/history"))
+    history = first_history(server, terminal)
     history.write_bytes(b"good one\n\x1e{bad json\n\x1e\"" + b"z" * 2_000_000 + b"\"\n\xff\xfe\x00binary\n"
                         b"\x1e\"nul\\u0000inside\"\nlast good\n")
     term = terminal(server)
@@ -156,11 +161,7 @@ def test_a_history_entry_with_c1_controls_is_not_drawn_raw_when_recalled(serve, 
     """A planted history entry holding C1 controls (U+009B is CSI to a terminal that takes 8-bit controls) was drawn
     as it was by readline when recalled with the up arrow (C0 ones it shows as ^[); now they are left out."""
     server = serve(lambda body: reply(f"answer to {body['messages'][-1]['content']}"))
-    term = terminal(server)
-    term.ask("first", "answer to first")
-    term.send("\x04")
-    assert term.wait() == 0
-    history = next((Path(os.environ["HOME"]) / ".solo" / "projects").glob("*/history"))
+    history = first_history(server, terminal)
     history.write_text('\x1e"wiped\\u009b2J\\u009d0;title\\u009c now"\n', encoding="utf-8")
     term = terminal(server, term="xterm")
     term.send("\x1b[A")
