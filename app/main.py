@@ -8472,7 +8472,8 @@ class Display(Reporter):
     """A session's screen: tool calls as they start and end, diffs, Markdown as it streams, a status line."""
 
     def __init__(self, cfg: Config, streams: Streams, env: dict[str, str]):
-        fancy = env.get("TERM", "dumb") not in ("", "dumb") and "NO_COLOR" not in env
+        self.redraws = env.get("TERM", "dumb") not in ("", "dumb")  # a status line, in colour unless NO_COLOR is set
+        fancy = self.redraws and "NO_COLOR" not in env
         super().__init__(cfg, streams, interactive=True, fancy=fancy)
         self.width, self.lock = 80, threading.RLock()
         with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -8485,7 +8486,6 @@ class Display(Reporter):
         self.results: list[tuple[str, str]] = []  # this turn's results, labelled, for Ctrl-O (see keep)
         self.fresh, self.agents = True, SubAgents()  # fresh: a new turn's first result starts the list anew
         self.listed = 0  # the rows of the to-do list drawn last, while nothing has been drawn below it
-        self.plain_status = not fancy and env.get("TERM", "dumb") not in ("", "dumb")  # NO_COLOR: no colour, a status
         self.plain = ""  # what the answer shows plain until it is drawn, under the text drawn (see draw_plain)
         self.listed_width = 80  # the terminal's width then: after a resize those rows are not counted again
         self.below: Callable[[int], list[str]] = lambda width: []  # rows drawn under it at a width (what is typed)
@@ -8542,7 +8542,7 @@ class Display(Reporter):
             return
         try:
             self.draw_plain()
-            if (self.fancy or self.plain_status) and self.activity and not self.live:
+            if self.redraws and self.activity and not self.live:
                 seconds = time.monotonic() - self.since
                 text = (f"{SPINNER[int(seconds * 10) % len(SPINNER)]} {one_line(self.activity, 40)} ({seconds:.0f}s · "
                         f"{self.tokens + self.chars // 4} tokens · esc to interrupt)")
@@ -8574,12 +8574,11 @@ class Display(Reporter):
             drawn = self.markdown.feed(text, end, width=self.measure(), height=self.height())
             if self.plain and drawn.startswith(self.plain + "\n"):
                 drawn, self.plain = drawn[len(self.plain) + 1:], ""
-            if (plain := self.markdown.unfinished()) != self.plain or drawn:
+            if self.markdown.unfinished() != self.plain or drawn:
                 self.clear()
-                self.streams.stdout.write(drawn + (plain + "\n") * bool(plain))
+                self.streams.stdout.write(drawn)
                 self.streams.stdout.flush()
-                self.plain = plain
-                self.draw()
+                self.draw()  # the unfinished line anew (draw_plain), and the status line
 
     def redraw(self, status: str) -> None:
         """The status line and the rows under it (what is typed meanwhile) over their last drawing, each cut at the
@@ -9390,7 +9389,7 @@ class Picker:
 
     def live(self) -> bool:
         """Whether the list is drawn live (a terminal that can redraw it), not asked for by its number."""
-        return self.keys.fd is not None and self.env.get("TERM", "dumb") not in ("", "dumb")
+        return self.keys.fd is not None and self.display.redraws
 
 
 # --- Session --------------------------------------------------------------------------------------
