@@ -8823,7 +8823,7 @@ class Keys:
             if self.wake[0] in ready:
                 return
             if self.resized[0] in ready:
-                self.was_resized()
+                self.drain_resized()
             try:
                 keys = read_keys(self.fd, decoder) if self.fd in ready else []
             except (OSError, EOFError):
@@ -8879,12 +8879,10 @@ class Keys:
         with contextlib.suppress(OSError):
             os.write(self.resized[1], b".")
 
-    def was_resized(self) -> bool:
-        """Whether the terminal was resized since last asked."""
-        try:
-            return bool(os.read(self.resized[0], 512))
-        except (BlockingIOError, OSError):
-            return False
+    def drain_resized(self) -> None:
+        """Take the bytes resizes wrote (each a SIGWINCH), so the next wait is woken only by a new one."""
+        with contextlib.suppress(OSError):
+            os.read(self.resized[0], 512)
 
     def end_pager(self, signum: int) -> None:
         """Send a stop signal to the pager that has the terminal, if one has it."""
@@ -9361,7 +9359,7 @@ class Picker:
                         out.flush()
                         drawn = frame
                     ready = select.select([fd, self.keys.resized[0]], [], [], 0.25)[0]  # a resize redraws at once
-                    self.keys.was_resized()
+                    self.keys.drain_resized()
                     keys.extend(read_keys(fd, decoder) if fd in ready else ())
                 elif (key := keys.popleft()) in ("\r", "\n") and shown:
                     break
