@@ -1091,8 +1091,7 @@ class Zygote:
         body = json.dumps({"args": list(map(str, args)), "cwd": str(cwd), "env": env, "session": start_new_session})
         pidfds: list[int] = []
         try:
-            with self.lock:
-                self.ask(body.encode(), [*ends, theirs.fileno()])
+            self.hand_over(body.encode(), ends, theirs, made)
             said, pid = credited(channel)
             if said == b"P":  # then b"X" and its pidfd: it runs; b"E" and errno: it could not
                 channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)  # no room for credentials beside the fd
@@ -1113,9 +1112,6 @@ class Zygote:
                 raise OSError(f"the command starter did not answer in {ZYGOTE_WAIT} s; it was ended, "
                               "the next command starts a new one") from None
             raise
-        finally:
-            for fd in {theirs.detach(), *made}:
-                os.close(fd)
         channel.settimeout(None)
         forked = Forked(args, channel, pid, pipes, pidfds[0])
         with self.lock:  # commands start from several threads (parallel calls, sub-agents, hooks)
@@ -1154,6 +1150,16 @@ class Zygote:
         """What commands left running in the zygote's namespace: its children that are no command it started."""
         return orphans({forked.pid for forked in self.started if forked.returncode is None}, self.pid) \
             if self.proc and self.proc.poll() is None else []
+
+    def hand_over(self, body: bytes, ends: list[int], theirs: socket.socket, made: list[int]) -> None:
+        """Send a request with the command's descriptors, then close ours: the zygote alone holds the channel's other
+        end, so a zygote that dies before it answers is seen at once, not after ZYGOTE_WAIT."""
+        try:
+            with self.lock:
+                self.ask(body, [*ends, theirs.fileno()])
+        finally:
+            for fd in {theirs.detach(), *made}:
+                os.close(fd)
 
     def ask(self, body: bytes, fds: list[int]) -> None:
         """Send a request, starting the zygote first if it is not running (or stopped taking requests)."""

@@ -520,13 +520,35 @@ def test_a_killed_zygote_ends_its_commands_and_the_next_command_starts_a_new_one
     thread = threading.Thread(target=lambda: running.update(result=agent.tool_bash(confined, "sleep 30")))
     thread.start()
     deadline = time.monotonic() + 10
-    while not [pid for pid, (ppid, _, command) in agent.process_table().items() if ppid == first and
-               command == "sleep 30"]:
-        assert time.monotonic() < deadline
+    while not [one for one in zygote.started if one.args[-1] == "sleep 30" and one.returncode is None]:
+        assert time.monotonic() < deadline  # started: the zygote said it runs
         time.sleep(0.02)
     os.kill(first, signal.SIGKILL)  # from outside: as a bug, or the kernel's OOM killer, would
     thread.join(10)
     assert running["result"].endswith("[exit code -9]"), running
+    zygote.proc.wait(10)
+    assert agent.tool_bash(confined, "echo again") == "again\n[exit code 0]" and zygote.pid != first
+
+
+def test_a_zygote_that_dies_before_it_answers_is_an_error_at_once_not_after_its_wait(confined, monkeypatch):
+    """solo holds no copy of the channel's other end: the zygote's death closes it, whatever the timing."""
+    zygote, asked, outcome = confined.sandbox.zygote, threading.Event(), {}
+    first, ask = zygote.pid, zygote.ask
+    monkeypatch.setattr(zygote, "ask", lambda *request: (ask(*request), asked.set()))
+
+    def run():
+        try:
+            outcome["result"] = agent.tool_bash(confined, "echo never")
+        except agent.ToolError as error:
+            outcome["error"] = str(error)
+
+    os.kill(first, signal.SIGSTOP)  # it takes no request now: the next one waits in its socket
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert asked.wait(10)
+    os.kill(first, signal.SIGKILL)
+    thread.join(10)
+    assert "the command starter ended" in outcome.get("error", ""), outcome  # not after ZYGOTE_WAIT's 30 s
     zygote.proc.wait(10)
     assert agent.tool_bash(confined, "echo again") == "again\n[exit code 0]" and zygote.pid != first
 

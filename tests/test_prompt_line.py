@@ -239,9 +239,9 @@ def test_a_bracketed_paste_keeps_its_tabs_and_the_enter_typed_right_after_it_sen
 def test_the_first_screen_breaks_its_lines_between_parts_at_a_narrow_terminal(serve, shell, workspace):
     server = serve(lambda body: reply("hi"))
     sh = shell(server)
-    sh.send("stty cols 40 rows 30\r")  # a narrow terminal, sized before the session starts
+    sh.send(f"solo={PROGRAM}; stty cols 40 rows 30\r")  # a narrow terminal, sized before the session starts
     sh.expect(r"\$ ")
-    sh.send(f"{PROGRAM} --yes\r")
+    sh.send("$solo --yes\r")  # short: however long the checkout's path, the line typed does not wrap
     shown = sh.expect(rf"\n{LINE}").split("--yes\r\n", 1)[1]
     lines = [re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|\r", "", line) for line in shown.split("\r\n")[:-1]]  # the shell's too
     assert lines == [f"solo {agent.VERSION}", "model anthropic/claude-haiku-4.5", str(workspace),
