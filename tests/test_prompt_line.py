@@ -10,6 +10,7 @@ import pty
 import re
 import subprocess
 import termios
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +48,8 @@ def shell(workspace):
     shells = []
 
     def start(server, term: str = "xterm") -> Shell:
-        env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "TERM": term}
+        env = {**os.environ, "OPENROUTER_BASE_URL": server.url, "OPENROUTER_API_KEY": "k", "TERM": term,
+               "PATH": f"{Path(PROGRAM).parent}:{os.environ['PATH']}"}  # typed short, whatever the checkout's path
         shells.append(Shell(workspace, env))
         return shells[-1]
 
@@ -62,7 +64,7 @@ def shell(workspace):
 def test_after_ctrl_z_and_fg_the_prompt_and_the_line_typed_so_far_are_drawn_again(serve, shell, term):
     server = serve(lambda body: reply(f"answered {user_turns(body)[-1]}"))
     sh = shell(server, term)
-    sh.send(f"{PROGRAM}\r")
+    sh.send("your_program.sh\r")
     sh.expect(r"\n> ")
     sh.send("half typed")
     sh.expect("half typed")
@@ -88,7 +90,7 @@ def test_ctrl_z_in_a_turn_shows_the_cursor_for_the_shell_and_fg_draws_the_status
         return reply("the command " + body["messages"][-1]["content"].split()[0])
 
     sh = shell(serve(model))
-    sh.send(f"{PROGRAM} --yes\r")
+    sh.send("your_program.sh --yes\r")
     sh.expect(r"\n> ")
     sh.send("run it\r")
     sh.expect(r"\x1b\[\?25l.*esc to interrupt")  # the status line, the cursor hidden on it
@@ -239,9 +241,9 @@ def test_a_bracketed_paste_keeps_its_tabs_and_the_enter_typed_right_after_it_sen
 def test_the_first_screen_breaks_its_lines_between_parts_at_a_narrow_terminal(serve, shell, workspace):
     server = serve(lambda body: reply("hi"))
     sh = shell(server)
-    sh.send(f"solo={PROGRAM}; stty cols 40 rows 30\r")  # a narrow terminal, sized before the session starts
+    sh.send("stty cols 40 rows 30\r")  # a narrow terminal, sized before the session starts
     sh.expect(r"\$ ")
-    sh.send("$solo --yes\r")  # short: however long the checkout's path, the line typed does not wrap
+    sh.send("your_program.sh --yes\r")
     shown = sh.expect(rf"\n{LINE}").split("--yes\r\n", 1)[1]
     lines = [re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|\r", "", line) for line in shown.split("\r\n")[:-1]]  # the shell's too
     assert lines == [f"solo {agent.VERSION}", "model anthropic/claude-haiku-4.5", str(workspace),
