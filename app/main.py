@@ -906,22 +906,32 @@ class ZygoteProgram:
             return None
 
     def start(self, request: dict, fds: list[int], channel: socket.socket) -> None:
-        """Fork the command; tell solo whether it runs (with its pidfd: race-free, it is not reaped yet)."""
-        failed, report = os.pipe()
-        if (pid := os.fork()) == 0:
-            self.run(request, fds, channel, report)
-        pidfd = os.pidfd_open(pid)
-        for fd in (report, *fds[:3]):
+        """Fork the command; tell solo whether it runs (with its pidfd: race-free, it is not reaped yet), or why not:
+        no descriptor or process to spare here is that command's error, never the end of this zygote and all it ran."""
+        made, pid, pidfd = [], 0, -1
+        try:
+            made += os.pipe()
+            if (pid := os.fork()) == 0:
+                self.run(request, fds, channel, made[1])
+            os.close(made.pop())
+            code, pidfd = os.read(made[0], 4), os.pidfd_open(pid)
+        except OSError as error:
+            code = (error.errno or 22).to_bytes(4, "little")
+            if pid:
+                os.kill(pid, signal.SIGKILL)  # forked, not reaped yet: solo is told it did not start
+        for fd in (*made, *fds[:3]):
             os.close(fd)
-        code = os.read(failed, 4)
-        os.close(failed)
         with contextlib.suppress(OSError):
             if code:
                 channel.send(b"E" + code)
             else:
                 socket.send_fds(channel, [b"X"], [pidfd])
-        os.close(pidfd)
-        self.channels[pid] = channel
+        if pidfd >= 0:
+            os.close(pidfd)
+        if pid:
+            self.channels[pid] = channel  # its wait status goes there once it is reaped
+        else:
+            channel.close()
 
     def run(self, request: dict, fds: list[int], channel: socket.socket, report: int) -> None:
         """In the forked child: a domain of its own (no command may signal, trace or read the zygote, its children

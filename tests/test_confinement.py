@@ -553,6 +553,37 @@ def test_a_zygote_that_dies_before_it_answers_is_an_error_at_once_not_after_its_
     assert agent.tool_bash(confined, "echo again") == "again\n[exit code 0]" and zygote.pid != first
 
 
+def free_descriptors(pid: int, count: int) -> int:
+    """A soft RLIMIT_NOFILE for a process that leaves it `count` descriptors to open, once it is idle (none open
+    for a moment: the zygote closes a command's pidfd just after it sent it)."""
+    deadline = time.monotonic() + 10
+    while any(os.readlink(f"/proc/{pid}/fd/{fd}").endswith("[pidfd]") for fd in os.listdir(f"/proc/{pid}/fd")):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    taken = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    return next(limit for limit in range(1 << 16) if len(set(range(limit)) - taken) == count)
+
+
+def test_a_zygote_out_of_descriptors_fails_that_command_and_keeps_running_the_others(confined):
+    """A zygote that can take a request's four descriptors but make no pipe of its own (solo, or the commands, used
+    up the limit it inherits) says EMFILE for that command; it does not die and take every running command along."""
+    import resource
+    zygote = confined.sandbox.zygote
+    pid, running = zygote.pid, zygote.popen(["sleep", "30"], cwd=confined.cwd, env=confined.env,
+                                           start_new_session=True)
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (free_descriptors(pid, 4), hard))
+    try:
+        with pytest.raises(OSError) as raised:
+            zygote.popen(["true"], cwd=confined.cwd, env=confined.env)
+        assert raised.value.errno == errno.EMFILE and running.poll() is None and zygote.pid == pid
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+    assert agent.tool_bash(confined, "echo again") == "again\n[exit code 0]" and zygote.pid == pid
+    agent.signal_command(running, signal.SIGKILL)
+    assert running.wait(10) == -signal.SIGKILL
+
+
 def test_a_program_that_does_not_exist_is_an_error_as_with_popen(confined):
     with pytest.raises(FileNotFoundError):
         confined.sandbox.zygote.popen(["no-such-program-here"], cwd=confined.cwd, env=confined.env)
