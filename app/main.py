@@ -1094,8 +1094,13 @@ class Zygote:
               stderr: Any = None, start_new_session: bool = False) -> Forked:
         """Start a command as Popen would (stdin/stdout/stderr: DEVNULL, PIPE, STDOUT for stderr, or an fd); OSError
         when it cannot run, or when the zygote does not answer (it is ended: a command stopped it)."""
-        ends, pipes, made = self.ends(stdin, stdout, stderr)
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            ends, pipes, made = self.ends(stdin, stdout, stderr)
+        except OSError:  # out of descriptors: none is kept, or each failed start would take more
+            channel.close()
+            theirs.close()
+            raise
         channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         channel.settimeout(ZYGOTE_WAIT)
         body = json.dumps({"args": list(map(str, args)), "cwd": str(cwd), "env": env, "session": start_new_session})
@@ -1133,15 +1138,22 @@ class Zygote:
         """The command's stdin, stdout and stderr as descriptors to send; our ends of its pipes (files, by stream
         name); the descriptors made here, closed once sent."""
         made, pipes, ends = [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)], {}, []
-        for name, how in zip(("stdin", "stdout", "stderr"), streams):
-            if how == subprocess.PIPE:
-                read, write = os.pipe()
-                pipes[name] = open(write, "wb") if name == "stdin" else open(read, "rb")
-                made.append(read if name == "stdin" else write)
-                ends.append(made[-1])
-            else:
-                ends.append(made[0] if how in (None, subprocess.DEVNULL) else ends[1] if how == subprocess.STDOUT
-                            else how)
+        try:
+            for name, how in zip(("stdin", "stdout", "stderr"), streams):
+                if how == subprocess.PIPE:
+                    read, write = os.pipe()
+                    pipes[name] = open(write, "wb") if name == "stdin" else open(read, "rb")
+                    made.append(read if name == "stdin" else write)
+                    ends.append(made[-1])
+                else:
+                    ends.append(made[0] if how in (None, subprocess.DEVNULL) else ends[1] if how == subprocess.STDOUT
+                                else how)
+        except OSError:  # out of descriptors: what was made goes
+            for fd in made:
+                os.close(fd)
+            for pipe in pipes.values():
+                pipe.close()
+            raise
         return ends, pipes, made
 
     def stop(self) -> None:

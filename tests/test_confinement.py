@@ -584,6 +584,32 @@ def test_a_zygote_out_of_descriptors_fails_that_command_and_keeps_running_the_ot
     assert running.wait(10) == -signal.SIGKILL
 
 
+@pytest.mark.parametrize("fails", ["socketpair", "pipe"])
+def test_a_start_that_runs_out_of_descriptors_keeps_none(confined, monkeypatch, fails):
+    """A start that fails for want of a descriptor closes what it made: each failure must not take more of them."""
+    zygote, real_pipe, real_pair, pipes = confined.sandbox.zygote, os.pipe, socket.socketpair, []
+    assert agent.tool_bash(confined, "echo warm") == "warm\n[exit code 0]"  # the zygote runs: no restart below
+
+    def pipe():
+        if pipes:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        pipes.append(real_pipe())
+        return pipes[-1]
+
+    def pair(family=socket.AF_UNIX, kind=socket.SOCK_STREAM, *rest):
+        if kind == socket.SOCK_SEQPACKET:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_pair(family, kind, *rest)
+
+    before = sorted(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "pipe", pipe) if fails == "pipe" else monkeypatch.setattr(socket, "socketpair", pair)
+    with pytest.raises(OSError, match="Too many open files"):
+        zygote.popen(["true"], cwd=confined.cwd, env=confined.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    monkeypatch.undo()
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert agent.tool_bash(confined, "echo again") == "again\n[exit code 0]"
+
+
 def test_a_program_that_does_not_exist_is_an_error_as_with_popen(confined):
     with pytest.raises(FileNotFoundError):
         confined.sandbox.zygote.popen(["no-such-program-here"], cwd=confined.cwd, env=confined.env)
