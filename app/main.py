@@ -1122,8 +1122,9 @@ class Zygote:
             channel.close()
             for pipe in pipes.values():
                 pipe.close()
-            if isinstance(error, TimeoutError) and self.proc:
-                self.proc.kill()  # its init (or itself) dies with it
+            if isinstance(error, TimeoutError) and (proc := self.proc):
+                proc.kill()  # its init (or itself) dies with it
+                proc.wait()  # gone before the next command asks, which would otherwise still ask it, and fail
                 raise OSError(f"the command starter did not answer in {ZYGOTE_WAIT} s; it was ended, "
                               "the next command starts a new one") from None
             raise

@@ -610,6 +610,18 @@ def test_a_start_that_runs_out_of_descriptors_keeps_none(confined, monkeypatch, 
     assert agent.tool_bash(confined, "echo again") == "again\n[exit code 0]"
 
 
+def test_a_zygote_that_does_not_answer_is_gone_before_the_next_command_asks(unshared, monkeypatch):
+    """solo ends a zygote that does not answer in ZYGOTE_WAIT and says the next command starts a new one: it must be
+    gone by then, or the next command asks it again (it still looks running) and fails as well."""
+    monkeypatch.setattr(agent, "ZYGOTE_WAIT", 1)
+    zygote = unshared.sandbox.zygote  # the zygote is solo's child here, not the init behind a waiter
+    first = zygote.pid
+    os.kill(first, signal.SIGSTOP)  # from outside: no command can
+    with pytest.raises(OSError, match="did not answer in 1 s; it was ended"):
+        zygote.popen(["true"], cwd=unshared.cwd, env=unshared.env)
+    assert zygote.popen(["true"], cwd=unshared.cwd, env=unshared.env).wait(10) == 0 and zygote.pid != first
+
+
 def test_a_program_that_does_not_exist_is_an_error_as_with_popen(confined):
     with pytest.raises(FileNotFoundError):
         confined.sandbox.zygote.popen(["no-such-program-here"], cwd=confined.cwd, env=confined.env)
