@@ -1005,7 +1005,7 @@ class Forked:
     def __init__(self, args: list, channel: socket.socket, pid: int, pipes: dict[str, Any], pidfd: int):
         self.args, self.channel, self.pid, self.pidfd = args, channel, pid, pidfd
         self.stdin, self.stdout, self.stderr = (pipes.get(name) for name in ("stdin", "stdout", "stderr"))
-        self.returncode, self.lock = None, threading.Lock()
+        self.returncode, self.lock, self.ended = None, threading.Lock(), None  # ended: when its pidfd said so
 
     def __del__(self) -> None:
         os.close(self.pidfd)
@@ -1017,19 +1017,26 @@ class Forked:
         return None
 
     def wait(self, timeout: float | None = None) -> int:
-        """The exit code (minus the signal that killed it), when the zygote sends it; TimeoutExpired first."""
+        """The exit code (minus the signal that killed it), when the zygote sends it; TimeoutExpired first. Once the
+        command ended (its pidfd says so) the zygote has ZYGOTE_WAIT to say how, or it is stuck (stopped, by a
+        command outside a sandbox): -SIGKILL then, as when the zygote ended, never a wait without end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)
         try:
             while self.returncode is None:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not select.select([self.channel], [], [], left)[0]:
+                until = [when for when in (deadline, self.ended and self.ended + ZYGOTE_WAIT) if when]
+                left = max(0.0, min(until) - time.monotonic()) if until else None
+                ready = select.select([self.channel, *[self.pidfd][:not self.ended]], [], [], left)[0]
+                if self.pidfd in ready:
+                    self.ended = time.monotonic()
+                elif ready or self.ended and time.monotonic() >= self.ended + ZYGOTE_WAIT:
+                    status = self.channel.recv(8) if ready else b""  # b"S" and the wait status; b"": no zygote
+                    self.returncode = os.waitstatus_to_exitcode(int.from_bytes(status[1:5], "little")) \
+                        if status[:1] == b"S" else -signal.SIGKILL
+                    self.channel.close()
+                else:
                     raise subprocess.TimeoutExpired(self.args, timeout)
-                status = self.channel.recv(8)  # b"S" and the wait status; nothing when the zygote ended
-                self.returncode = os.waitstatus_to_exitcode(int.from_bytes(status[1:5], "little")) \
-                    if status[:1] == b"S" else -signal.SIGKILL
-                self.channel.close()
         finally:
             self.lock.release()
         return self.returncode

@@ -9,6 +9,7 @@ end-to-end ones run ./your_program.sh, and some again as an ordinary user (nobod
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -608,6 +609,41 @@ def test_a_start_that_runs_out_of_descriptors_keeps_none(confined, monkeypatch, 
     monkeypatch.undo()
     assert sorted(os.listdir("/proc/self/fd")) == before
     assert agent.tool_bash(confined, "echo again") == "again\n[exit code 0]"
+
+
+def stopped(pid: int) -> bool:
+    """Whether a process is stopped (by a signal)."""
+    return "State:\tT" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_a_command_that_stops_its_unconfined_zygote_makes_solo_wait_no_longer_than_zygote_wait(tmp_path, monkeypatch):
+    """Outside a sandbox a command may stop its parent, the zygote; the zygote then never says how the command
+    ended, and solo waited for it without end (a tool call hung until someone sent SIGCONT). Once the command's pidfd
+    says it ended, the zygote has ZYGOTE_WAIT to say how."""
+    monkeypatch.setattr(agent, "ZYGOTE_WAIT", 1)
+    spawner = agent.Spawner()
+    zygote, waited = agent.unconfined_zygote(spawner), {}
+    try:
+        proc = zygote.popen(["sh", "-c", "read go; kill -STOP $PPID"], cwd=tmp_path, stdin=subprocess.PIPE,
+                            env=agent.command_env(dict(os.environ)))
+        proc.stdin.write(b"go\n")  # once the zygote said it runs: a zygote stopped before it answers is ended
+        proc.stdin.close()
+        deadline = time.monotonic() + 10
+        while not stopped(zygote.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        thread = threading.Thread(target=lambda: waited.update(code=proc.wait()), daemon=True)
+        thread.start()
+        thread.join(10)
+        assert waited == {"code": -signal.SIGKILL}
+        with pytest.raises(OSError, match="did not answer in 1 s"):  # the stopped zygote is ended, then
+            zygote.popen(["true"], cwd=tmp_path, env={})
+        assert zygote.popen(["true"], cwd=tmp_path, env={}).wait(10) == 0  # a new one starts
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(zygote.pid, signal.SIGCONT)
+        zygote.stop()
+        spawner.shutdown()
 
 
 def test_a_zygote_that_does_not_answer_is_gone_before_the_next_command_asks(unshared, monkeypatch):
