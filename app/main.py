@@ -864,6 +864,7 @@ class ZygoteProgram:
     def __init__(self, fd: int, ruleset: int):
         import ctypes
         self.libc, self.errno, self.ruleset = ctypes.CDLL(None, use_errno=True), ctypes.get_errno, ruleset
+        self.pid = os.getpid()  # what a command's child sees as its parent until the zygote is gone
         self.libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no command may read this process or take its socket
         self.libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: what commands leave running is adopted here
         self.asked, (self.wake, woken) = socket.socket(fileno=fd), os.pipe()
@@ -942,6 +943,8 @@ class ZygoteProgram:
             for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signum, signal.SIG_DFL)
             self.libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote
+            if os.getppid() != self.pid:  # it died first: no signal comes, and solo is told the command did not start
+                os._exit(127)
             if request["session"]:
                 os.setsid()
             for target, source in enumerate(fds[:3]):

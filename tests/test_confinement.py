@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -656,6 +657,42 @@ def test_a_zygote_that_does_not_answer_is_gone_before_the_next_command_asks(unsh
     with pytest.raises(OSError, match="did not answer in 1 s; it was ended"):
         zygote.popen(["true"], cwd=unshared.cwd, env=unshared.env)
     assert zygote.popen(["true"], cwd=unshared.cwd, env=unshared.env).wait(10) == 0 and zygote.pid != first
+
+
+def test_a_command_whose_zygote_died_before_it_was_set_to_die_with_it_never_runs(tmp_path, monkeypatch):
+    """Outside a namespace (no sandbox, or a kernel without them) nothing kills a command's child when the zygote dies
+    before the child asked to die with it: solo says the command did not start, so it must not run after all."""
+    marker, spawner = tmp_path / "ran", agent.Spawner()
+    zygote, outcome = agent.unconfined_zygote(spawner), {}
+    death = "            self.libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the zygote\n"
+    assert death in zygote.source
+    zygote.source = zygote.source.replace(death, "            os.kill(os.getpid(), signal.SIGSTOP)\n" + death)
+
+    def run():
+        try:
+            outcome["code"] = zygote.popen(["touch", str(marker)], cwd=tmp_path, env={}).wait(10)
+        except OSError as error:
+            outcome["error"] = str(error)
+    thread = threading.Thread(target=run)
+    try:
+        thread.start()
+        deadline, child = time.monotonic() + 10, None
+        while not child:  # the zygote's child, stopped between fork and exec
+            assert time.monotonic() < deadline
+            child = next((pid for pid, ppid in agent.ZygoteProgram.parents() if ppid == zygote.pid and stopped(pid)),
+                         None)
+            time.sleep(0.01)
+        pidfd = os.pidfd_open(child)
+        os.kill(zygote.pid, signal.SIGKILL)
+        zygote.proc.wait(10)
+        os.kill(child, signal.SIGCONT)
+        assert select.select([pidfd], [], [], 10)[0]  # the child ended
+        os.close(pidfd)
+        thread.join(10)
+        assert "the command starter ended" in outcome.get("error", "") and not marker.exists(), outcome
+    finally:
+        zygote.stop()
+        spawner.shutdown()
 
 
 def test_a_program_that_does_not_exist_is_an_error_as_with_popen(confined):
