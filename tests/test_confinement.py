@@ -566,6 +566,7 @@ def free_descriptors(pid: int, count: int) -> int:
     return next(limit for limit in range(1 << 16) if len(set(range(limit)) - taken) == count)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to list the zygote's descriptors (it is not dumpable)")
 def test_a_zygote_out_of_descriptors_fails_that_command_and_keeps_running_the_others(confined):
     """A zygote that can take a request's four descriptors but make no pipe of its own (solo, or the commands, used
     up the limit it inherits) says EMFILE for that command; it does not die and take every running command along."""
