@@ -622,12 +622,12 @@ def test_a_command_that_stops_its_unconfined_zygote_makes_solo_wait_no_longer_th
     """Outside a sandbox a command may stop its parent, the zygote; the zygote then never says how the command
     ended, and solo waited for it without end (a tool call hung until someone sent SIGCONT). Once the command's pidfd
     says it ended, the zygote has ZYGOTE_WAIT to say how."""
-    monkeypatch.setattr(agent, "ZYGOTE_WAIT", 1)
     spawner = agent.Spawner()
     zygote, waited = agent.unconfined_zygote(spawner), {}
     try:
         proc = zygote.popen(["sh", "-c", "read go; kill -STOP $PPID"], cwd=tmp_path, stdin=subprocess.PIPE,
                             env=agent.command_env(dict(os.environ)))
+        monkeypatch.setattr(agent, "ZYGOTE_WAIT", 1)  # for the waits below, not for a start on a loaded machine
         proc.stdin.write(b"go\n")  # once the zygote said it runs: a zygote stopped before it answers is ended
         proc.stdin.close()
         deadline = time.monotonic() + 10
@@ -640,6 +640,7 @@ def test_a_command_that_stops_its_unconfined_zygote_makes_solo_wait_no_longer_th
         assert waited == {"code": -signal.SIGKILL}
         with pytest.raises(OSError, match="did not answer in 1 s"):  # the stopped zygote is ended, then
             zygote.popen(["true"], cwd=tmp_path, env={})
+        monkeypatch.undo()
         assert zygote.popen(["true"], cwd=tmp_path, env={}).wait(10) == 0  # a new one starts
     finally:
         with contextlib.suppress(OSError):
@@ -651,12 +652,13 @@ def test_a_command_that_stops_its_unconfined_zygote_makes_solo_wait_no_longer_th
 def test_a_zygote_that_does_not_answer_is_gone_before_the_next_command_asks(unshared, monkeypatch):
     """solo ends a zygote that does not answer in ZYGOTE_WAIT and says the next command starts a new one: it must be
     gone by then, or the next command asks it again (it still looks running) and fails as well."""
-    monkeypatch.setattr(agent, "ZYGOTE_WAIT", 1)
     zygote = unshared.sandbox.zygote  # the zygote is solo's child here, not the init behind a waiter
     first = zygote.pid
     os.kill(first, signal.SIGSTOP)  # from outside: no command can
+    monkeypatch.setattr(agent, "ZYGOTE_WAIT", 1)  # for this wait, not for the next start on a loaded machine
     with pytest.raises(OSError, match="did not answer in 1 s; it was ended"):
         zygote.popen(["true"], cwd=unshared.cwd, env=unshared.env)
+    monkeypatch.undo()
     assert zygote.popen(["true"], cwd=unshared.cwd, env=unshared.env).wait(10) == 0 and zygote.pid != first
 
 
