@@ -10361,17 +10361,14 @@ class AcpError(Exception):
 def async_raise(thread: int, error: type[BaseException] | None) -> None:
     """Raise an exception in another thread at its next Python step (None takes back one not yet raised). A thread
     that is being started bears the id of the thread starting it until it first runs (CPython 3.11), and would take
-    the exception instead, die unstarted and leave its starter waiting for ever: so not while one is in limbo."""
+    the exception instead, die unstarted and leave its starter waiting for ever: so only once each has begun."""
     import ctypes
     limbo, lock = getattr(threading, "_limbo", {}), getattr(threading, "_active_limbo_lock", contextlib.nullcontext())
-    deadline = time.monotonic() + 1
-    while True:
-        with lock:  # no thread enters limbo meanwhile
-            if not limbo or time.monotonic() > deadline:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
-                                                           ctypes.py_object(error) if error else None)
-                return
-        time.sleep(0.001)
+    with lock:  # no thread enters limbo meanwhile; one in it has its own id once it says it started
+        for newborn in list(limbo):
+            if started := getattr(newborn, "_started", None):
+                started.wait(1)  # a start that failed leaves limbo only after this lock: no wait without end
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(error) if error else None)
 
 
 def cut_reply(response: Any) -> None:
