@@ -488,6 +488,12 @@ class Spawner:
             self.thread.shutdown()
 
 
+def exit_code(status: int) -> int:
+    """A wait status as a shell reports it: the exit code, or 128 + the signal."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
 def process_table() -> dict[int, tuple[int, str, str]]:
     """pid: (parent pid, state, command line) of every process this one can see."""
     table = {}
@@ -909,26 +915,25 @@ class ZygoteProgram:
     def start(self, request: dict, fds: list[int], channel: socket.socket) -> None:
         """Fork the command; tell solo whether it runs (with its pidfd: race-free, it is not reaped yet), or why not:
         no descriptor or process to spare here is that command's error, never the end of this zygote and all it ran."""
-        made, pid, pidfd = [], 0, -1
+        made, pid = [], 0
         try:
             made += os.pipe()
             if (pid := os.fork()) == 0:
                 self.run(request, fds, channel, made[1])
             os.close(made.pop())
-            code, pidfd = os.read(made[0], 4), os.pidfd_open(pid)
+            code = os.read(made[0], 4)
+            made.append(pidfd := os.pidfd_open(pid))
         except OSError as error:
             code = (error.errno or 22).to_bytes(4, "little")
             if pid:
                 os.kill(pid, signal.SIGKILL)  # forked, not reaped yet: solo is told it did not start
-        for fd in (*made, *fds[:3]):
-            os.close(fd)
         with contextlib.suppress(OSError):
             if code:
                 channel.send(b"E" + code)
             else:
                 socket.send_fds(channel, [b"X"], [pidfd])
-        if pidfd >= 0:
-            os.close(pidfd)
+        for fd in (*made, *fds[:3]):
+            os.close(fd)
         if pid:
             self.channels[pid] = channel  # its wait status goes there once it is reaped
         else:
@@ -1020,26 +1025,26 @@ class Forked:
         return None
 
     def wait(self, timeout: float | None = None) -> int:
-        """The exit code (minus the signal that killed it), when the zygote sends it; TimeoutExpired first. Once the
-        command ended (its pidfd says so) the zygote has ZYGOTE_WAIT to say how, or it is stuck (stopped, by a
-        command outside a sandbox): -SIGKILL then, as when the zygote ended, never a wait without end."""
+        """The exit code (minus the signal that killed it), when the zygote sends it; TimeoutExpired first. Once its
+        pidfd says it ended, a zygote that says nothing in ZYGOTE_WAIT is stuck (stopped): -SIGKILL, as when it ended."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self.lock.acquire(timeout=-1 if timeout is None else timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)
         try:
             while self.returncode is None:
-                until = [when for when in (deadline, self.ended and self.ended + ZYGOTE_WAIT) if when]
-                left = max(0.0, min(until) - time.monotonic()) if until else None
-                ready = select.select([self.channel, *[self.pidfd][:not self.ended]], [], [], left)[0]
+                stuck = self.ended and self.ended + ZYGOTE_WAIT
+                until = min(filter(None, (deadline, stuck)), default=None)
+                watched = [self.channel] if self.ended else [self.channel, self.pidfd]
+                ready = select.select(watched, [], [], None if until is None else max(0.0, until - time.monotonic()))[0]
                 if self.pidfd in ready:
                     self.ended = time.monotonic()
-                elif ready or self.ended and time.monotonic() >= self.ended + ZYGOTE_WAIT:
+                elif not ready and not (stuck and time.monotonic() >= stuck):
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                else:
                     status = self.channel.recv(8) if ready else b""  # b"S" and the wait status; b"": no zygote
                     self.returncode = os.waitstatus_to_exitcode(int.from_bytes(status[1:5], "little")) \
                         if status[:1] == b"S" else -signal.SIGKILL
                     self.channel.close()
-                else:
-                    raise subprocess.TimeoutExpired(self.args, timeout)
         finally:
             self.lock.release()
         return self.returncode
@@ -1212,12 +1217,6 @@ def unconfined_zygote(spawner: Spawner) -> Zygote:
     """The zygote of commands outside any sandbox (hooks, and commands with --sandbox off): no Landlock, solo's own
     namespaces, and SIGTERM at solo's death, so that it can kill everything its commands started before it goes."""
     return Zygote(spawner, functools.partial(spawner.die_with_parent, signal.SIGTERM), -1)
-
-
-def exit_code(status: int) -> int:
-    """A wait status as a shell reports it: the exit code, or 128 + the signal."""
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
 
 
 def make_sandbox(mode: str, roots: tuple[Path, ...], network: bool, unix: bool = False,
