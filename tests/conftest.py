@@ -170,6 +170,11 @@ def terminal(workspace):
         return terminals[-1]
 
     yield start
+    end_all(terminals)
+
+
+def end_all(terminals: list[Terminal]) -> None:
+    """Kill each terminal's program that a test left running."""
     for t in terminals:
         if t.proc.poll() is None:
             t.proc.kill()

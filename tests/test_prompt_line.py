@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app import main as agent
-from tests.conftest import PROGRAM, Terminal
+from tests.conftest import PROGRAM, Terminal, end_all
 from tests.fake_openrouter import call, reply
 
 LINE = r"> (?:\x1b\[\?2004h)?"  # the prompt, and bracketed paste on for the line (where the terminal is not dumb)
@@ -54,10 +54,7 @@ def shell(workspace):
         return shells[-1]
 
     yield start
-    for one in shells:
-        if one.proc.poll() is None:
-            one.proc.kill()
-            one.proc.wait()
+    end_all(shells)
 
 
 @pytest.mark.parametrize("term", ["xterm", "dumb"])
